@@ -1,0 +1,74 @@
+// RMSNorm kernels. Rows are independent; each CTA reduces one row with a fixed tree whose shape
+// depends on `dim` and the block size only.
+#include "rmsnorm.cuh"
+
+namespace ddtree::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ float block_sum(float v) {
+    __shared__ float warp_sums[kThreads / 32];
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, offset);
+    }
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (lane == 0) {
+        warp_sums[warp] = v;
+    }
+    __syncthreads();
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) {
+        total += warp_sums[w];
+    }
+    return total;
+}
+
+template <bool kFuseResidual>
+__global__ void __launch_bounds__(kThreads)
+    rmsnorm_kernel(bf16* __restrict__ out, bf16* __restrict__ residual, const bf16* __restrict__ x,
+                   const bf16* __restrict__ weight, int dim, float eps) {
+    const size_t row = blockIdx.x;
+    const bf16* xr = x + row * dim;
+    bf16* res = kFuseResidual ? residual + row * dim : nullptr;
+    float sq = 0.f;
+    for (int i = threadIdx.x; i < dim; i += kThreads) {
+        float v = __bfloat162float(xr[i]);
+        if constexpr (kFuseResidual) {
+            const bf16 summed = __float2bfloat16(__bfloat162float(res[i]) + v);
+            res[i] = summed;
+            v = __bfloat162float(summed);
+        }
+        sq += v * v;
+    }
+    const float rstd = rsqrtf(block_sum(sq) / static_cast<float>(dim) + eps);
+    const bf16* src = kFuseResidual ? res : xr;
+    bf16* dst = out + row * dim;
+    for (int i = threadIdx.x; i < dim; i += kThreads) {
+        dst[i] = __float2bfloat16(__bfloat162float(src[i]) * rstd * __bfloat162float(weight[i]));
+    }
+}
+
+}  // namespace
+
+cudaError_t rmsnorm(bf16* out, const bf16* x, const bf16* weight, int rows, int dim, float eps,
+                    cudaStream_t stream) {
+    if (rows == 0) {
+        return cudaSuccess;
+    }
+    rmsnorm_kernel<false><<<rows, kThreads, 0, stream>>>(out, nullptr, x, weight, dim, eps);
+    return cudaGetLastError();
+}
+
+cudaError_t add_rmsnorm(bf16* out, bf16* residual, const bf16* delta, const bf16* weight, int rows, int dim,
+                        float eps, cudaStream_t stream) {
+    if (rows == 0) {
+        return cudaSuccess;
+    }
+    rmsnorm_kernel<true><<<rows, kThreads, 0, stream>>>(out, residual, delta, weight, dim, eps);
+    return cudaGetLastError();
+}
+
+}  // namespace ddtree::kernels

@@ -1,0 +1,18 @@
+// RMSNorm over bf16 rows, optionally fused with the residual add that precedes it.
+// One CTA per row; the reduction order depends on `dim` only, so each row's result is
+// independent of how many rows share the launch (batch invariance).
+#pragma once
+#include "common.cuh"
+
+namespace ddtree::kernels {
+
+// out[r] = bf16(x[r] * rsqrt(mean(x[r]^2) + eps) * weight), fp32 math.
+cudaError_t rmsnorm(bf16* out, const bf16* x, const bf16* weight, int rows, int dim, float eps,
+                    cudaStream_t stream);
+
+// residual[r] = bf16(residual[r] + delta[r]); out[r] = rmsnorm(residual[r]).
+// The norm reads the rounded residual, exactly as an unfused add followed by rmsnorm would.
+cudaError_t add_rmsnorm(bf16* out, bf16* residual, const bf16* delta, const bf16* weight, int rows, int dim,
+                        float eps, cudaStream_t stream);
+
+}  // namespace ddtree::kernels

@@ -1,0 +1,25 @@
+// The ddtree._native module: the only NB_MODULE. Areas register themselves through bindings.h.
+#include "bindings.h"
+
+#include <cuda_runtime.h>
+
+#include "cuda_check.h"
+
+namespace nb = nanobind;
+
+NB_MODULE(_native, m) {
+    m.doc() = "ddtree native runtime: CUDA kernels and the decode engine";
+    nb::exception<ddtree::CudaError>(m, "CudaError", PyExc_RuntimeError);
+
+    m.def(
+        "cuda_runtime_version",
+        [] {
+            int version = 0;
+            CUDA_CHECK(cudaRuntimeGetVersion(&version));
+            return version;
+        },
+        "Version of the statically linked CUDA runtime, e.g. 13000 for 13.0.");
+    m.attr("gpu_archs") = nb::str(DDTREE_GPU_ARCHS);
+
+    ddtree::bind_kernels(m);
+}

@@ -1,0 +1,9 @@
+// Each binding file registers one area of the module; bindings.cpp calls them in order.
+#pragma once
+#include <nanobind/nanobind.h>
+
+namespace ddtree {
+
+void bind_kernels(nanobind::module_& m);
+
+}  // namespace ddtree

@@ -1,0 +1,96 @@
+#include "tensor_args.h"
+
+#include <cuda_runtime.h>
+
+#include <sstream>
+#include <stdexcept>
+
+#include "cuda_check.h"
+
+namespace ddtree {
+namespace {
+
+bool dtype_matches(nb::dlpack::dtype got, DType want) {
+    using code = nb::dlpack::dtype_code;
+    switch (want) {
+        case DType::bf16:
+            return got == nb::dlpack::dtype{static_cast<uint8_t>(code::Bfloat), 16, 1};
+        case DType::f32:
+            return got == nb::dtype<float>();
+        case DType::i32:
+            return got == nb::dtype<int32_t>();
+        case DType::i64:
+            return got == nb::dtype<int64_t>();
+        case DType::u8:
+            return got == nb::dtype<uint8_t>();
+    }
+    return false;
+}
+
+std::string shape_string(const CudaArray& a) {
+    std::ostringstream s;
+    s << "[";
+    for (size_t i = 0; i < a.ndim(); ++i) {
+        s << (i ? ", " : "") << a.shape(i);
+    }
+    s << "]";
+    return s.str();
+}
+
+}  // namespace
+
+const char* dtype_name(DType dtype) {
+    switch (dtype) {
+        case DType::bf16:
+            return "bfloat16";
+        case DType::f32:
+            return "float32";
+        case DType::i32:
+            return "int32";
+        case DType::i64:
+            return "int64";
+        case DType::u8:
+            return "uint8";
+    }
+    return "?";
+}
+
+void* checked_data(const CudaArray& array, const char* name, DType dtype, std::initializer_list<int64_t> shape) {
+    if (!dtype_matches(array.dtype(), dtype)) {
+        throw nb::value_error((std::string("argument '") + name + "' must be " + dtype_name(dtype)).c_str());
+    }
+    bool ok = array.ndim() == shape.size();
+    size_t i = 0;
+    for (int64_t extent : shape) {
+        ok = ok && (extent < 0 || static_cast<int64_t>(array.shape(i)) == extent);
+        ++i;
+    }
+    if (!ok) {
+        std::ostringstream want;
+        want << "[";
+        i = 0;
+        for (int64_t extent : shape) {
+            want << (i++ ? ", " : "") << (extent < 0 ? std::string("*") : std::to_string(extent));
+        }
+        want << "]";
+        throw nb::value_error((std::string("argument '") + name + "' has shape " + shape_string(array) +
+                               ", expected " + want.str())
+                                  .c_str());
+    }
+    return array.data();
+}
+
+int same_device(std::initializer_list<const CudaArray*> arrays) {
+    int device = -1;
+    for (const CudaArray* a : arrays) {
+        if (device < 0) {
+            device = a->device_id();
+        } else if (a->device_id() != device) {
+            throw nb::value_error("all device arrays of one call must live on the same GPU");
+        }
+    }
+    CUDA_CHECK(cudaSetDevice(device));
+    return device;
+}
+
+}  // namespace ddtree

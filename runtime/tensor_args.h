@@ -1,0 +1,31 @@
+// Validation of device arrays handed in through DLPack (torch, cupy, ...), used by the kernel-level
+// bindings. Every check names the argument at fault and raises ValueError in Python.
+#pragma once
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+namespace ddtree {
+
+namespace nb = nanobind;
+using CudaArray = nb::ndarray<nb::device::cuda, nb::c_contig>;
+
+enum class DType { bf16, f32, i32, i64, u8 };
+
+const char* dtype_name(DType dtype);
+
+// Checks device, dtype, rank and (where an extent is >= 0) each extent; returns the data pointer.
+void* checked_data(const CudaArray& array, const char* name, DType dtype, std::initializer_list<int64_t> shape);
+
+template <typename T>
+T* checked(const CudaArray& array, const char* name, DType dtype, std::initializer_list<int64_t> shape) {
+    return static_cast<T*>(checked_data(array, name, dtype, shape));
+}
+
+// Checks that every given array lives on one device and makes it current; returns that device.
+int same_device(std::initializer_list<const CudaArray*> arrays);
+
+}  // namespace ddtree

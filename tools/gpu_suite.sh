@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Build ddtree on a GPU machine, run tests/gpu and the named benchmarks, and pack every report.
+#
+#   tools/gpu_suite.sh [-k PYTEST_EXPR] [BENCH ...]      BENCH names tools/bench_BENCH.py (default: none)
+#
+# Reports go to $REPORT_DIR (default: $OUT/reports, or bench/results/latest) and, when $OUT is set, are also
+# packed into $OUT/reports.tar.gz: the device tool returns at most 8 files. Wheels that the machine lacks
+# (meson-python, pyproject-metadata) are taken from .wheels/ when that folder exists.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+pytest_expr=()
+if [[ ${1:-} == -k ]]; then
+    pytest_expr=(-k "$2")
+    shift 2
+fi
+report_dir=${REPORT_DIR:-${OUT:+$OUT/reports}}
+report_dir=${report_dir:-bench/results/latest}
+mkdir -p "$report_dir"
+export PYTHONUNBUFFERED=1
+
+if compgen -G ".wheels/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ddtree-build-site .wheels/*.whl || exit 1
+    export PYTHONPATH=/tmp/ddtree-build-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+status=0
+start=$(date +%s)
+if ! python3 -m pip install -q --no-build-isolation --no-deps . >"$report_dir/build.log" 2>&1; then
+    echo "build failed; see build.log"; tail -40 "$report_dir/build.log"; status=1
+fi
+echo "build: $(( $(date +%s) - start )) s"
+nvidia-smi >"$report_dir/nvidia-smi.txt" 2>&1
+# Run from outside the source tree so the installed package (with its native module) is imported.
+if (( status == 0 )); then
+    (cd /tmp && python3 -m pytest -q -p no:cacheprovider "$OLDPWD/tests/gpu" ${pytest_expr[@]+"${pytest_expr[@]}"} \
+        --junitxml="$report_dir/gpu_tests.xml" 2>&1) | tee "$report_dir/gpu_tests.log"
+    (( PIPESTATUS[0] == 0 )) || status=1
+    for bench in "$@"; do
+        echo "== bench $bench"
+        (cd /tmp && python3 "$OLDPWD/tools/bench_$bench.py" --out "$report_dir/$bench" 2>&1) \
+            | tee "$report_dir/bench_$bench.log"
+        (( PIPESTATUS[0] == 0 )) || status=1
+    done
+fi
+if [[ -n ${OUT:-} ]]; then
+    tar -czf "$OUT/reports.tar.gz" -C "$report_dir" .
+fi
+echo "gpu suite finished with status $status in $(( $(date +%s) - start )) s"
+exit $status
