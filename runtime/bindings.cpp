@@ -22,4 +22,5 @@ NB_MODULE(_native, m) {
     m.attr("gpu_archs") = nb::str(DDTREE_GPU_ARCHS);
 
     ddtree::bind_kernels(m);
+    ddtree::bind_moe(m);
 }

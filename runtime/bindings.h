@@ -5,5 +5,6 @@
 namespace ddtree {
 
 void bind_kernels(nanobind::module_& m);
+void bind_moe(nanobind::module_& m);
 
 }  // namespace ddtree

@@ -8,17 +8,20 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ddtree.config import ModelConfig
 from ddtree.errors import DDTreeError, RequestError
 from ddtree.results import GenerationResult
 
 PRESETS = ("tiny", "small", "k2-layers")
 DEFAULT_MODEL_DIR = Path.home() / ".cache" / "ddtree" / "tiny-seed0"
+DRAFTER_SUBDIR = "drafter"
 
 
 def _prompt_ids(text: str) -> list[int]:
@@ -38,9 +41,16 @@ def _positive(text: str) -> int:
     return value
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Argument errors are one line on stderr and exit status 2, like every other ddtree-run error."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"ddtree-run: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ddtree-run", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _OneLineParser(prog="ddtree-run", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
 
     make = sub.add_parser("make-model", help="write a seeded random checkpoint in the real K2 format")
     make.add_argument("--preset", choices=PRESETS, required=True)
@@ -58,60 +68,74 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--backend", choices=("auto", "engine", "reference"), default="auto",
                      help="engine needs a CUDA device; auto picks it when one is present")
+    gen.add_argument("--method", choices=("ar", "ddtree"), default="ar",
+                     help="autoregressive decoding, or DDTree speculative decoding with the drafter")
+    gen.add_argument("--budget", type=_positive, default=None, help="DDTree node budget (default block_size - 1)")
+    gen.add_argument("--drafter", type=Path, default=None,
+                     help=f"drafter checkpoint directory (default: MODEL/{DRAFTER_SUBDIR})")
 
     sub.add_parser("info", help="describe the CUDA devices and the native build")
     return parser
 
 
-def _make_model(args: argparse.Namespace, console: Console) -> int:
+def _write_preset(preset: str, out: Path, seed: int, layers: int | None) -> ModelConfig:
+    """The target checkpoint in `out`, its matching DFlash drafter in `out/drafter`."""
+    from ddtree.drafter import make_drafter
     from ddtree.presets import make_model
 
+    cfg = make_model(preset, out, seed=seed, layers=layers)
+    make_drafter(cfg, out / DRAFTER_SUBDIR, seed=seed + 1, preset=preset)
+    return cfg
+
+
+def _make_model(args: argparse.Namespace, console: Console) -> int:
     if args.layers is not None and args.preset != "k2-layers":
         raise RequestError(f"--layers applies to the k2-layers preset only, not {args.preset!r}")
     start = time.perf_counter()
-    with console.status(f"writing {args.preset} checkpoint to {args.out}"):
-        cfg = make_model(args.preset, args.out, seed=args.seed, layers=args.layers)
+    with console.status(f"writing {args.preset} checkpoint and drafter to {args.out}"):
+        cfg = _write_preset(args.preset, args.out, args.seed, args.layers)
     console.print(f"wrote {args.preset} ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
-                  f"{cfg.n_routed_experts} experts, vocab {cfg.vocab_size}) to {args.out} "
-                  f"in {time.perf_counter() - start:.1f} s")
+                  f"{cfg.n_routed_experts} experts, vocab {cfg.vocab_size}) to {args.out}, drafter to "
+                  f"{args.out / DRAFTER_SUBDIR}, in {time.perf_counter() - start:.1f} s")
     return 0
 
 
-def _reference_generate(model_dir: Path, prompts: list[list[int]], n: int, temperature: float, seed: int,
-                        on_token: Callable[[], None]) -> list[GenerationResult]:
-    """Greedy decoding with the numpy reference, one stream at a time (the backend without a GPU)."""
-    import numpy as np
+def _reference_generate(args: argparse.Namespace, model_dir: Path,
+                        on_tokens: Callable[[int, int], None]) -> list[GenerationResult]:
+    """The numpy reference, one stream at a time: the backend for machines without a GPU."""
+    from ddtree.reference import ReferenceModel, generate
+    from ddtree.reference.drafter import ReferenceDrafter
 
-    from ddtree.reference import ReferenceModel
-
-    if temperature != 0.0:
-        raise RequestError("--temperature other than 0 needs --backend engine; the reference backend is greedy")
     model = ReferenceModel.load(model_dir)
-    results = []
-    for prompt in prompts:
-        cache = model.new_cache()
-        start = time.perf_counter()
-        logits = model.forward(np.asarray(prompt), np.arange(len(prompt)), cache).logits
-        tokens = [int(np.argmax(logits[-1]))]
-        on_token()
-        prefilled = time.perf_counter()
-        while len(tokens) < n:
-            logits = model.forward(np.asarray(tokens[-1:]), np.asarray([cache.length]), cache).logits
-            tokens.append(int(np.argmax(logits[-1])))
-            on_token()
-        results.append(GenerationResult(tokens, prefilled - start, time.perf_counter() - prefilled))
-    return results
+    drafter = None
+    if args.method == "ddtree":
+        drafter = ReferenceDrafter.load(_drafter_dir(args, model_dir), model_dir)
+    return [generate(model, drafter, prompt, args.max_new_tokens, method=args.method, budget=args.budget,
+                     temperature=args.temperature, seed=args.seed + i,
+                     on_tokens=lambda count, i=i: on_tokens(i, count))
+            for i, prompt in enumerate(args.prompt_ids)]
 
 
-def _engine_generate(model_dir: Path, prompts: list[list[int]], n: int, temperature: float, seed: int,
-                     on_token: Callable[[], None]) -> list[GenerationResult]:
+def _drafter_dir(args: argparse.Namespace, model_dir: Path) -> Path:
+    drafter_dir = args.drafter if args.drafter is not None else model_dir / DRAFTER_SUBDIR
+    if not drafter_dir.is_dir():
+        raise RequestError(f"--drafter {drafter_dir}: directory does not exist (make-model writes one into "
+                           f"MODEL/{DRAFTER_SUBDIR})")
+    return drafter_dir
+
+
+def _engine_generate(args: argparse.Namespace, model_dir: Path,
+                     on_tokens: Callable[[int, int], None]) -> list[GenerationResult]:
+    """The native GPU engine, all streams at once."""
     from ddtree.engine import Engine
 
-    max_context = max(len(p) for p in prompts) + n
-    engine = Engine(model_dir, streams=len(prompts), max_context=max_context)
-    results = engine.generate(prompts, n, temperature=temperature, seed=seed)
-    for _ in range(n * len(prompts)):
-        on_token()
+    if args.method != "ar":
+        raise RequestError("--method ddtree runs on the reference backend only for now (--backend reference)")
+    prompts = args.prompt_ids
+    engine = Engine(model_dir, streams=len(prompts), max_context=max(map(len, prompts)) + args.max_new_tokens)
+    results = engine.generate(prompts, args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+    for i, result in enumerate(results):
+        on_tokens(i, len(result.tokens))
     return results
 
 
@@ -122,30 +146,30 @@ def _generate(args: argparse.Namespace, console: Console) -> int:
     if model_dir is None:
         model_dir = DEFAULT_MODEL_DIR
         if not (model_dir / "config.json").is_file():
-            from ddtree.presets import make_model
-
-            make_model("tiny", model_dir, seed=0)
+            _write_preset("tiny", model_dir, seed=0, layers=None)
     elif not model_dir.is_dir():
         raise RequestError(f"--model {model_dir}: directory does not exist")
     backend = args.backend
     if backend == "auto":
-        backend = "engine" if has_cuda_device() else "reference"
+        backend = "engine" if has_cuda_device() and args.method == "ar" else "reference"
     elif backend == "engine" and not has_cuda_device():
         raise RequestError("--backend engine needs a CUDA device, and none is present")
     run = _engine_generate if backend == "engine" else _reference_generate
 
     prompts = args.prompt_ids
-    total = args.max_new_tokens * len(prompts)
-    progress = Progress(TextColumn(f"[bold]{backend}[/bold] generating"), BarColumn(), MofNCompleteColumn(),
+    progress = Progress(TextColumn(f"[bold]{backend}[/bold] {args.method}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console, transient=True)
     with progress:
-        task = progress.add_task("tokens", total=total)
-        results = run(model_dir, prompts, args.max_new_tokens, args.temperature, args.seed,
-                      lambda: progress.advance(task))
+        tasks = [progress.add_task(f"stream {i}", total=args.max_new_tokens) for i in range(len(prompts))]
+        results = run(args, model_dir, lambda stream, count: progress.update(tasks[stream], completed=count))
     for i, (prompt, result) in enumerate(zip(prompts, results)):
         console.print(f"[{i}] prompt {prompt} -> {result.tokens}")
-        console.print(f"    {len(result.tokens)} tokens, prefill {result.prefill_seconds * 1e3:.1f} ms, "
-                      f"decode {result.tokens_per_second:.1f} tokens/s ({backend})")
+        line = (f"    {len(result.tokens)} tokens, prefill {result.prefill_seconds * 1e3:.1f} ms, "
+                f"decode {result.tokens_per_second:.1f} tokens/s ({backend}, {args.method})")
+        if result.accept_lengths:
+            mean = sum(result.accept_lengths) / len(result.accept_lengths)
+            line += f", {len(result.accept_lengths)} rounds, mean acceptance length {mean:.2f}"
+        console.print(line)
     return 0
 
 

@@ -242,6 +242,12 @@ def commit_rows(kv: np.ndarray, past_length: int, accepted: np.ndarray, axis: in
     return past_length + int(accepted.size)
 
 
+def next_context(tapped: list[np.ndarray], accepted: np.ndarray) -> np.ndarray:
+    """The drafter's next context: the accepted nodes' tapped target hidden states (one [rows, hidden] array
+    per tapped layer, in ``target_layer_ids`` order), concatenated along features: float32 [a, taps * hidden]."""
+    return np.concatenate([np.asarray(layer, dtype=np.float32)[accepted] for layer in tapped], axis=1)
+
+
 def is_contiguous_prefix(accepted: np.ndarray) -> bool:
     """True when the accepted nodes are already ``0, 1, ..., a - 1`` (commit needs no copy)."""
     accepted = np.asarray(accepted)

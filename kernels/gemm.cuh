@@ -1,0 +1,55 @@
+// bf16 weight-streaming GEMM for the dense projections: out[m, n] = sum_k x[m, k] * w[n, k].
+//
+// Decode multiplies <= 64 rows by large weights, so the kernel is built to stream weights at copy bandwidth:
+// each warp owns 16 weight rows (output features) and walks K with 16-byte loads, many in flight, feeding
+// mma.sync with the weights as the 16-row operand and the activations (8 per tile) as the narrow one.
+// A CTA holds 4 warps (64 features). When N alone gives too few CTAs to fill the GPU, K is split into
+// `gemm_split_count(N, K, batch)` contiguous ranges; the last CTA of a tile to finish sums the fp32 partials
+// in split order and applies the epilogue. Every count that shapes a reduction depends on (N, K, batch) only,
+// never on M, so a row's result is bitwise the same however many rows share the launch (batch invariance).
+#pragma once
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace ddtree::kernels {
+
+enum class GemmEpilogue {
+    kBf16,     // out bf16 [M, N]
+    kF32,      // out fp32 [M, N]
+    kSiluMul,  // weight rows interleaved in blocks of 8 gate then 8 up rows; out bf16 [M, N / 2] = silu(g) * u
+};
+
+struct GemmBatch {
+    int count = 1;         // independent problems sharing shapes (e.g. attention heads)
+    int64_t x_stride = 0;  // elements between problems' x, w and out
+    int64_t w_stride = 0;
+    int64_t out_stride = 0;
+};
+
+// Number of K ranges the GEMM splits into for these weight shapes (1 = no split).
+int gemm_split_count(int n, int k, int batch);
+
+// Workspace the launcher needs: fp32 partials and per-tile arrival counters (zeroed once; self-resetting).
+int64_t gemm_workspace_floats(int max_m, int n, int k, int batch);
+int64_t gemm_counter_count(int n, int batch);
+
+// x: [M, K] with row stride ldx (elements, multiple of 8); w: [N, K] contiguous; out row stride ldo.
+// K must be a multiple of 8; N a multiple of 16 for kSiluMul. workspace/counters may be null when
+// gemm_split_count(N, K, batch) == 1.
+cudaError_t gemm_bf16(const bf16* x, int64_t ldx, const bf16* w, void* out, int64_t ldo, int m, int n, int k,
+                      GemmEpilogue epilogue, GemmBatch batch, float* workspace, int* counters,
+                      cudaStream_t stream);
+
+// dst[b] = src[b]^T for `batch` row-major [rows, cols] bf16 matrices (weight preparation at load time).
+cudaError_t transpose_bf16(bf16* dst, const bf16* src, int batch, int rows, int cols, cudaStream_t stream);
+
+// dst rows for a kSiluMul weight: blocks of 8 rows taken alternately from gate [I, K] and up [I, K].
+cudaError_t interleave_gate_up(bf16* dst, const bf16* gate, const bf16* up, int inter, int k, cudaStream_t stream);
+
+// Benchmark weights: dst[i] = bf16(offset + scale * u), u uniform in [-1, 1) from a hash of (seed, i).
+cudaError_t fill_random_bf16(bf16* dst, int64_t count, uint64_t seed, float scale, float offset, cudaStream_t stream);
+// Random bytes drawn uniformly from [lo, hi] (e.g. INT4 weight bytes whose bf16 scale pairs stay finite).
+cudaError_t fill_random_bytes(uint8_t* dst, int64_t count, uint64_t seed, int lo, int hi, cudaStream_t stream);
+
+}  // namespace ddtree::kernels

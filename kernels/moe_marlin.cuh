@@ -1,0 +1,91 @@
+// Fused routed-expert MoE with INT4 group-32 weights (W4A16): routing alignment, w13 GEMM with
+// SiLU(gate) * up in its epilogue, w2 GEMM with the router weight in its epilogue, and a top-k combine
+// in fixed slot order.
+//
+// Batch invariance: every output element is one chain of m16n8k16 MMAs over k in increasing order,
+// with weights as the MMA rows and tokens as independent MMA columns; the combine sums a token's slots
+// in slot order. Nothing depends on how many tokens share the call.
+//
+// Repacked weight layout (produced on the host by runtime/moe_repack.cpp): per expert, the weight rows
+// (output features) are cut into stripes of kStripeRows rows; one CTA unit streams one stripe over the
+// whole reduction dim. A stripe is contiguous and made of K / kStageK stage chunks of kStageBytes:
+//   weights: int32 word ((warp * 2 + half) * 32 + lane) * 4 + j, warp 0..7 owning tile rows
+//            16*warp .. 16*warp+15, k16 step = half * 4 + j of the stage. With g = lane / 4,
+//            t = lane % 4 and kb = stage k + 16 * step, nibble i holds q at tile row g + 8 * (i & 1),
+//            k = kb + 2t + 8 * ((i >> 1) & 1) + (i >> 2) (the bf16 MMA A fragment, two k per register).
+//   scales:  after the weights, bf16 index ((warp * 8 + g) * 2 + hi) * 4 + grp = scale of tile row
+//            16*warp + g + 8*hi for k group (stage k / 32) + grp.
+// w13 tile rows interleave gate and up: warp tile row r < 8 is gate feature f, r >= 8 is up feature f,
+// f = 64 * stripe + 8 * warp + (r & 7), so the GEMM1 epilogue sees both in one thread.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace ddtree::kernels::moe {
+
+constexpr int kGroup = 32;            // inputs per quantization scale
+constexpr int kStripeRows = 128;      // weight rows per CTA unit (8 warps x m16)
+constexpr int kStageK = 128;          // reduction slice per pipeline stage
+constexpr int kStageWeightBytes = kStripeRows * kStageK / 2;
+constexpr int kStageScaleBytes = kStripeRows * (kStageK / kGroup) * 2;
+constexpr int kStageBytes = kStageWeightBytes + kStageScaleBytes;
+constexpr int kBlockTokens = 64;      // token columns per CTA unit at most
+constexpr int kMaxExperts = 1024;     // one routing thread per expert
+constexpr int kMaxTopk = 16;
+
+// Sizes that hold for every supported shape: hidden % 128 == 0, inter % 128 == 0.
+inline bool shape_supported(int hidden, int inter) {
+    return hidden > 0 && inter > 0 && hidden % kStageK == 0 && inter % kStageK == 0;
+}
+inline size_t w13_bytes_per_expert(int hidden, int inter) {
+    return static_cast<size_t>(2 * inter / kStripeRows) * (hidden / kStageK) * kStageBytes;
+}
+inline size_t w2_bytes_per_expert(int hidden, int inter) {
+    return static_cast<size_t>(hidden / kStripeRows) * (inter / kStageK) * kStageBytes;
+}
+inline int max_blocks(int experts, int max_pairs) { return experts + max_pairs / kBlockTokens + 1; }
+
+// Scratch of one fused call, sized for max_tokens at creation (see workspace_bytes).
+struct Workspace {
+    int* pair_rank;     // [max_pairs] rank of a (token, slot) pair inside its expert, -1 if skipped
+    int* sorted_pairs;  // [max_pairs] pair ids grouped by expert
+    int4* blocks;       // [max_blocks] {expert, first sorted index, tokens, 0}
+    int* counters;      // [4] block count, next GEMM1 unit, next GEMM2 unit
+    bf16* act;          // [max_pairs, inter] SiLU(gate) * up per pair
+    float* contrib;     // [max_pairs, hidden] weighted expert output per pair
+};
+size_t workspace_bytes(int experts, int hidden, int inter, int topk, int max_tokens);
+// Carves `base` (256-byte aligned, workspace_bytes long) into the buffers above.
+Workspace carve_workspace(void* base, int experts, int hidden, int inter, int topk, int max_tokens);
+
+struct MoeArgs {
+    const uint8_t* w13;           // [experts, w13_bytes_per_expert] repacked gate/up
+    const uint8_t* w2;            // [experts, w2_bytes_per_expert] repacked down
+    const bf16* hidden_states;    // [tokens, hidden]
+    const int32_t* topk_ids;      // [tokens, topk]; ids outside [0, experts) are skipped
+    const float* topk_weights;    // [tokens, topk]
+    const uint8_t* expert_mask;   // [experts], 0 = expert owned elsewhere (skipped); nullptr = all local
+    bf16* out;                    // [tokens, hidden]
+    int tokens, experts, hidden, inter, topk;
+    float routed_scaling_factor;
+};
+
+// Sets kernel attributes once per device and returns the persistent GEMM grid (CTAs resident at once).
+cudaError_t configure(int device, int* gemm_ctas);
+
+// The whole routed MoE on `stream`: 4 kernels, no allocation, no host sync (CUDA-graph capturable).
+cudaError_t moe_forward(const MoeArgs& args, const Workspace& ws, int gemm_ctas, cudaStream_t stream);
+
+// Routing alignment only (moe_align.cu): fills pair_rank, sorted_pairs, blocks, counters.
+cudaError_t moe_align(const int32_t* topk_ids, const uint8_t* expert_mask, int tokens, int topk, int experts,
+                      const Workspace& ws, cudaStream_t stream);
+
+// Test oracle on the device: expands repacked weights to bf16((q - 8) * s) with the GEMM's own
+// fragment loads and dequantization. out is [experts, rows, k] in checkpoint row order (w13: gate rows
+// then up rows).
+cudaError_t dequantize_w13(bf16* out, const uint8_t* w13, int experts, int hidden, int inter, cudaStream_t stream);
+cudaError_t dequantize_w2(bf16* out, const uint8_t* w2, int experts, int hidden, int inter, cudaStream_t stream);
+
+}  // namespace ddtree::kernels::moe

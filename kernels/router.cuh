@@ -1,0 +1,17 @@
+// MoE router (noaux_tc, DeepSeek-V3 / K2): scores = sigmoid(logits); the top-k experts by score + bias (ties
+// to the lower expert id, best first); weights = their unbiased scores, normalised to sum 1 when `normalize`.
+// The routed scaling factor is applied by the expert kernels. One CTA per token: batch-invariant.
+#pragma once
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace ddtree::kernels {
+
+constexpr int kRouterMaxTopk = 16;
+
+// logits: fp32 [tokens, experts]; bias: fp32 [experts]; topk_ids int32 / topk_weights fp32 [tokens, topk].
+cudaError_t route_topk(int32_t* topk_ids, float* topk_weights, const float* logits, const float* bias,
+                       int tokens, int experts, int topk, bool normalize, cudaStream_t stream);
+
+}  // namespace ddtree::kernels

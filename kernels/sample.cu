@@ -1,0 +1,113 @@
+// Arg-max / Gumbel-max sampling and the decode-state advance.
+#include <cmath>
+
+#include "sample.cuh"
+
+namespace ddtree::kernels {
+namespace {
+
+constexpr int kThreads = 512;
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {  // splitmix64 finaliser
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    sample_kernel(int32_t* tokens, const float* logits, int64_t ld, int vocab, const float* temperature,
+                  const unsigned long long* seed, const int32_t* stream_ids, const int32_t* positions) {
+    __shared__ float warp_value[kThreads / 32];
+    __shared__ int warp_index[kThreads / 32];
+    const int row = blockIdx.x;
+    const float* x = logits + row * ld;
+    const float temp = *temperature;
+    const bool greedy = !(temp > 0.f);
+    const float inv_t = greedy ? 1.f : 1.f / temp;
+    const uint64_t key = mix64(*seed ^ mix64((static_cast<uint64_t>(stream_ids[row]) << 32) |
+                                             static_cast<uint32_t>(positions[row])));
+    float best = -INFINITY;
+    int best_index = vocab;
+    for (int i = threadIdx.x; i < vocab; i += kThreads) {
+        float v = x[i];
+        if (!greedy) {
+            const uint64_t h = mix64(key + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull);
+            const float u = (static_cast<float>(h >> 40) + 0.5f) * (1.f / 16777216.f);  // (0, 1)
+            v = v * inv_t - logf(-logf(u));
+        }
+        if (v > best) {  // increasing i per thread: the first maximum wins
+            best = v;
+            best_index = i;
+        }
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, offset);
+        const int oi = __shfl_xor_sync(0xffffffffu, best_index, offset);
+        if (ov > best || (ov == best && oi < best_index)) {
+            best = ov;
+            best_index = oi;
+        }
+    }
+    if (threadIdx.x % 32 == 0) {
+        warp_value[threadIdx.x / 32] = best;
+        warp_index[threadIdx.x / 32] = best_index;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < kThreads / 32; ++w) {
+            if (warp_value[w] > best || (warp_value[w] == best && warp_index[w] < best_index)) {
+                best = warp_value[w];
+                best_index = warp_index[w];
+            }
+        }
+        // A row of NaNs leaves no maximum; token 0 keeps the id in range.
+        tokens[row] = best_index < vocab ? best_index : 0;
+    }
+}
+
+__global__ void advance_kernel(int32_t* ids, int32_t* positions, int32_t* kv_len, int32_t* slots,
+                               const int32_t* kv_start, const int32_t* tokens, int32_t* history, int history_ld,
+                               int32_t* step, int streams) {
+    const int current = *step;
+    for (int s = threadIdx.x; s < streams; s += blockDim.x) {
+        const int32_t token = tokens[s];
+        history[static_cast<int64_t>(s) * history_ld + current] = token;
+        ids[s] = token;
+        const int32_t pos = positions[s] + 1;
+        positions[s] = pos;
+        kv_len[s] = pos + 1;
+        slots[s] = kv_start[s] + pos;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        *step = current + 1;
+    }
+}
+
+}  // namespace
+
+cudaError_t sample_tokens(int32_t* tokens, const float* logits, int64_t ld, int rows, int vocab,
+                          const float* temperature, const unsigned long long* seed, const int32_t* stream_ids,
+                          const int32_t* positions, cudaStream_t stream) {
+    if (rows < 0 || vocab <= 0 || ld < vocab) {
+        return cudaErrorInvalidValue;
+    }
+    if (rows == 0) {
+        return cudaSuccess;
+    }
+    sample_kernel<<<rows, kThreads, 0, stream>>>(tokens, logits, ld, vocab, temperature, seed, stream_ids, positions);
+    return cudaGetLastError();
+}
+
+cudaError_t advance_decode(int32_t* ids, int32_t* positions, int32_t* kv_len, int32_t* slots, const int32_t* kv_start,
+                           const int32_t* tokens, int32_t* history, int history_ld, int32_t* step, int streams,
+                           cudaStream_t stream) {
+    if (streams <= 0 || history_ld <= 0) {
+        return cudaErrorInvalidValue;
+    }
+    advance_kernel<<<1, 256, 0, stream>>>(ids, positions, kv_len, slots, kv_start, tokens, history, history_ld, step,
+                                          streams);
+    return cudaGetLastError();
+}
+
+}  // namespace ddtree::kernels

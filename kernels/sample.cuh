@@ -1,0 +1,26 @@
+// Token choice from fp32 logits, and the device-side bookkeeping that turns one decode step's tokens into
+// the next step's inputs (so a replayed decode graph never waits on the host).
+//
+// Greedy (temperature <= 0): arg-max, ties to the lower id. Sampling: Gumbel-max, argmax(logit / T + G) with G
+// from a counter-based hash of (seed, stream, position, token id): reproducible and independent of which other
+// rows share the launch. One CTA per row.
+#pragma once
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace ddtree::kernels {
+
+// temperature and seed live in device memory so a captured graph picks up new values on replay.
+cudaError_t sample_tokens(int32_t* tokens, const float* logits, int64_t ld, int rows, int vocab,
+                          const float* temperature, const unsigned long long* seed, const int32_t* stream_ids,
+                          const int32_t* positions, cudaStream_t stream);
+
+// Per-stream decode state of `streams` rows: after a step that chose tokens[s] at positions[s],
+// history[s * history_ld + *step] = tokens[s]; ids[s] = tokens[s]; positions[s] += 1;
+// kv_len[s] = positions[s] + 1; slots[s] = kv_start[s] + positions[s]; then *step += 1.
+cudaError_t advance_decode(int32_t* ids, int32_t* positions, int32_t* kv_len, int32_t* slots, const int32_t* kv_start,
+                           const int32_t* tokens, int32_t* history, int history_ld, int32_t* step, int streams,
+                           cudaStream_t stream);
+
+}  // namespace ddtree::kernels

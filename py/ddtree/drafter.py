@@ -1,0 +1,354 @@
+"""DFlash block-diffusion drafter: config.json parsing, safetensors checkpoint reading/writing, random drafters.
+
+The format is the z-lab DFlash one: a Qwen3-style config (``architectures: ["DFlashDraftModel"]``) whose
+``dflash_config`` object carries ``target_layer_ids`` and ``mask_token_id`` (``block_size`` may sit there or at
+the top level), and tensors named ``layers.{i}.*``, ``fc.weight``, ``hidden_norm.weight``, ``norm.weight``.
+The drafter has no embedding or LM head of its own: it uses the target's. Every unsupported option is rejected
+with the field named, so a drafter is never run under assumptions it does not meet.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors
+
+from ddtree import bf16
+from ddtree.checkpoint import INDEX_FILE, Checkpoint, TensorSpec
+from ddtree.config import ModelConfig
+from ddtree.errors import CheckpointError, ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class DrafterConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    block_size: int
+    mask_token_id: int
+    num_target_layers: int
+    target_layer_ids: tuple[int, ...]
+
+    @property
+    def context_width(self) -> int:
+        """Width of the concatenated tapped target hidden states that ``fc`` projects."""
+        return len(self.target_layer_ids) * self.hidden_size
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config.json this config was (or would be) read from."""
+        return {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": None,
+            "max_position_embeddings": self.max_position_embeddings,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "tie_word_embeddings": False,
+            "use_sliding_window": False,
+            "layer_types": ["full_attention"] * self.num_hidden_layers,
+            "torch_dtype": "bfloat16",
+            "block_size": self.block_size,
+            "num_target_layers": self.num_target_layers,
+            "dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids)},
+        }
+
+
+def _fail(where: str, key: str, why: str) -> ConfigError:
+    return ConfigError(f"{where}: field '{key}' {why}")
+
+
+def _int(data: dict[str, Any], key: str, where: str, default: Any = ...) -> int:
+    value = data.get(key)
+    if value is None:
+        if default is ...:
+            raise _fail(where, key, "is missing")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(where, key, f"must be an integer, got {value!r}")
+    return value
+
+
+def _positive(data: dict[str, Any], key: str, where: str, default: Any = ...) -> int:
+    value = _int(data, key, where, default)
+    if value <= 0:
+        raise _fail(where, key, f"must be a positive integer, got {value}")
+    return value
+
+
+def _number(data: dict[str, Any], key: str, where: str, default: float) -> float:
+    value = data.get(key, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _fail(where, key, f"must be a number, got {value!r}")
+    return float(value)
+
+
+def _reject_unless(data: dict[str, Any], key: str, where: str, allowed: tuple[Any, ...]) -> None:
+    if key in data and data[key] not in allowed:
+        raise _fail(where, key, f"is {data[key]!r}; ddtree supports {', '.join(repr(a) for a in allowed)}")
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """DFlash's default taps: the middle layer for one draft layer, else evenly from layer 1 to n_target - 3."""
+    if num_draft_layers == 1:
+        return (num_target_layers // 2,)
+    span = num_target_layers - 4
+    return tuple(round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers))
+
+
+def parse_drafter_config(raw: Any, where: str = "config.json", target: ModelConfig | None = None) -> DrafterConfig:
+    """Validate a DFlash drafter config dict (against its target when given) and return the frozen config."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be a JSON object")
+    arch = raw.get("architectures")
+    if arch is not None and arch != ["DFlashDraftModel"]:
+        raise _fail(where, "architectures", f"is {arch!r}; ddtree supports ['DFlashDraftModel']")
+    dflash = raw.get("dflash_config", {})
+    if not isinstance(dflash, dict):
+        raise _fail(where, "dflash_config", "must be an object")
+    dwhere = f"{where}: dflash_config"
+    for key, allowed in (("hidden_act", ("silu",)), ("attention_bias", (False,)), ("use_sliding_window", (False,)),
+                         ("input_embedding_scale", (1, 1.0)), ("output_multiplier", (1, 1.0)),
+                         ("final_logit_softcapping", (None, 0, 0.0))):
+        _reject_unless(raw, key, where, allowed)
+    _reject_unless(dflash, "sample_from_anchor", dwhere, (False,))
+    if raw.get("rope_scaling") is not None or isinstance(raw.get("rope_parameters"), dict) and \
+            raw["rope_parameters"].get("rope_type", "default") != "default":
+        raise _fail(where, "rope_scaling", "is set; ddtree's drafter supports plain RoPE only")
+
+    hidden = _positive(raw, "hidden_size", where)
+    layers = _positive(raw, "num_hidden_layers", where)
+    heads = _positive(raw, "num_attention_heads", where)
+    kv_heads = _positive(raw, "num_key_value_heads", where, heads)
+    if heads % kv_heads:
+        raise _fail(where, "num_key_value_heads", f"is {kv_heads}; it must divide num_attention_heads ({heads})")
+    head_dim = _positive(raw, "head_dim", where, hidden // heads if hidden % heads == 0 else ...)
+    if head_dim % 2:
+        raise _fail(where, "head_dim", f"must be even for RoPE, got {head_dim}")
+    layer_types = raw.get("layer_types")
+    if layer_types is not None and (not isinstance(layer_types, list) or len(layer_types) != layers
+                                    or any(t != "full_attention" for t in layer_types)):
+        raise _fail(where, "layer_types", f"must list {layers} x 'full_attention' (no sliding window), "
+                                          f"got {layer_types!r}")
+    eps = _number(raw, "rms_norm_eps", where, 1e-6)
+    if not 0 < eps < 1:
+        raise _fail(where, "rms_norm_eps", f"must be in (0, 1), got {eps}")
+    params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+    theta = _number(params, "rope_theta", f"{where}: rope_parameters", _number(raw, "rope_theta", where, 10000.0))
+    if theta <= 0:
+        raise _fail(where, "rope_theta", f"must be positive, got {theta}")
+    vocab = _positive(raw, "vocab_size", where)
+
+    # DFlash reads these from dflash_config first, then from the top level.
+    block_size = _int(dflash, "block_size", dwhere, _int(raw, "block_size", where, 16))
+    if block_size < 2:
+        raise _fail(where, "block_size", f"must be at least 2 (bonus + one drafted token), got {block_size}")
+    mask_key_where = (dflash, dwhere) if "mask_token_id" in dflash else (raw, where)
+    mask_token = _int(mask_key_where[0], "mask_token_id", mask_key_where[1])
+    if not 0 <= mask_token < vocab:
+        raise _fail(mask_key_where[1], "mask_token_id", f"must be in [0, vocab_size={vocab}), got {mask_token}")
+    n_target = _positive(raw, "num_target_layers", where, target.num_hidden_layers if target else ...)
+    ids_raw = dflash.get("target_layer_ids")
+    if ids_raw is None:
+        ids = default_target_layer_ids(n_target, layers)
+    elif not isinstance(ids_raw, list) or not ids_raw or \
+            any(isinstance(i, bool) or not isinstance(i, int) for i in ids_raw):
+        raise _fail(dwhere, "target_layer_ids", f"must be a non-empty list of integers, got {ids_raw!r}")
+    else:
+        ids = tuple(ids_raw)
+    # HF's hidden_states[n_target] is the final-normed output, not the last layer's: only earlier layers tap.
+    if any(not 0 <= i < n_target - 1 for i in ids) or len(set(ids)) != len(ids):
+        raise _fail(dwhere, "target_layer_ids", f"must be distinct layers in [0, {n_target - 1}) "
+                                                f"(num_target_layers {n_target}), got {list(ids)}")
+
+    if target is not None:
+        checks = (("hidden_size", hidden, target.hidden_size), ("vocab_size", vocab, target.vocab_size),
+                  ("num_target_layers", n_target, target.num_hidden_layers))
+        for key, mine, theirs in checks:
+            if mine != theirs:
+                raise _fail(where, key, f"is {mine} but the target model's is {theirs}")
+    return DrafterConfig(
+        hidden_size=hidden, intermediate_size=_positive(raw, "intermediate_size", where), num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim, vocab_size=vocab,
+        rms_norm_eps=eps, rope_theta=theta,
+        max_position_embeddings=_positive(raw, "max_position_embeddings", where, 1 << 17),
+        block_size=block_size, mask_token_id=mask_token, num_target_layers=n_target, target_layer_ids=ids,
+    )
+
+
+def load_drafter_config(drafter_dir: str | Path, target: ModelConfig | None = None) -> DrafterConfig:
+    path = Path(drafter_dir) / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{path}: file not found")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    return parse_drafter_config(raw, where=str(path), target=target)
+
+
+def drafter_tensor_specs(cfg: DrafterConfig) -> dict[str, TensorSpec]:
+    """Every tensor a DFlash drafter checkpoint must hold (all bf16)."""
+    h, hd = cfg.hidden_size, cfg.head_dim
+    q_dim, kv_dim = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+
+    def bf(*shape: int) -> TensorSpec:
+        return TensorSpec(("BF16",), shape)
+
+    specs = {"fc.weight": bf(h, cfg.context_width), "hidden_norm.weight": bf(h), "norm.weight": bf(h)}
+    for i in range(cfg.num_hidden_layers):
+        p = f"layers.{i}"
+        specs.update({
+            f"{p}.input_layernorm.weight": bf(h),
+            f"{p}.post_attention_layernorm.weight": bf(h),
+            f"{p}.self_attn.q_proj.weight": bf(q_dim, h),
+            f"{p}.self_attn.k_proj.weight": bf(kv_dim, h),
+            f"{p}.self_attn.v_proj.weight": bf(kv_dim, h),
+            f"{p}.self_attn.o_proj.weight": bf(h, q_dim),
+            f"{p}.self_attn.q_norm.weight": bf(hd),
+            f"{p}.self_attn.k_norm.weight": bf(hd),
+            f"{p}.mlp.gate_proj.weight": bf(cfg.intermediate_size, h),
+            f"{p}.mlp.up_proj.weight": bf(cfg.intermediate_size, h),
+            f"{p}.mlp.down_proj.weight": bf(h, cfg.intermediate_size),
+        })
+    return specs
+
+
+def open_drafter(drafter_dir: str | Path, target: ModelConfig | None = None) -> tuple[DrafterConfig, Checkpoint]:
+    """Read and validate the drafter's config.json (against the target when given) and its tensors."""
+    cfg = load_drafter_config(drafter_dir, target)
+    return cfg, Checkpoint(drafter_dir, cfg, drafter_tensor_specs(cfg))  # type: ignore[arg-type]
+
+
+def write_drafter(drafter_dir: str | Path, cfg: DrafterConfig, tensors: Mapping[str, np.ndarray]) -> None:
+    """Write config.json, one bf16 safetensors shard per layer (plus one for fc/norms) and the index."""
+    out = Path(drafter_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    specs = drafter_tensor_specs(cfg)
+    if set(tensors) != set(specs):
+        raise CheckpointError(f"{out}: tensor set does not match the drafter config "
+                              f"(missing {sorted(set(specs) - set(tensors))[:3]}, "
+                              f"unexpected {sorted(set(tensors) - set(specs))[:3]})")
+    groups = [[n for n in specs if not n.startswith("layers.")]]
+    groups += [[n for n in specs if n.startswith(f"layers.{i}.")] for i in range(cfg.num_hidden_layers)]
+    weight_map = {}
+    for index, names in enumerate(groups):
+        _write_shard(out, f"model-{index + 1:05d}-of-{len(groups):05d}.safetensors",
+                     {n: tensors[n] for n in names}, specs, weight_map)
+    total = sum(2 * int(np.prod(spec.shape)) for spec in specs.values())
+    (out / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                                             indent=2))
+    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+
+
+def _write_shard(out: Path, file: str, tensors: Mapping[str, np.ndarray], specs: Mapping[str, TensorSpec],
+                 weight_map: dict[str, str]) -> None:
+    arrays = {n: np.ascontiguousarray(a) for n, a in tensors.items()}
+    for name, array in arrays.items():
+        if array.dtype != np.uint16 or array.shape != specs[name].shape:
+            raise CheckpointError(f"{out}: tensor '{name}' has dtype {array.dtype} shape {list(array.shape)}, "
+                                  f"expected bf16 bits (uint16) {list(specs[name].shape)}")
+    serial = {n: safetensors.TensorSpec(dtype="bfloat16", shape=list(a.shape), data_ptr=a.ctypes.data,
+                                        data_len=a.nbytes) for n, a in arrays.items()}
+    safetensors.serialize_file(serial, str(out / file), metadata={"format": "pt"})
+    weight_map.update({n: file for n in arrays})
+
+
+@dataclass(frozen=True, slots=True)
+class DrafterPreset:
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    block_size: int = 16
+
+
+# Named after the target presets they go with (ddtree.presets). `k2-layers`: a K2-sized drafter, 5 layers at
+# hidden 7168, about 1.6 B parameters with fc (the published Qwen3-8B drafter has 1.05 B at hidden 4096).
+DRAFTER_PRESETS = {
+    "tiny": DrafterPreset(2, 4, 2, 16, 128, block_size=8),
+    "small": DrafterPreset(3, 8, 2, 64, 2048),
+    "k2-layers": DrafterPreset(5, 32, 8, 128, 9216),
+}
+
+
+def drafter_config_for(target: ModelConfig, preset: str) -> DrafterConfig:
+    if preset not in DRAFTER_PRESETS:
+        raise ValueError(f"unknown drafter preset {preset!r}; choose one of {', '.join(DRAFTER_PRESETS)}")
+    p = DRAFTER_PRESETS[preset]
+    n_target = target.num_hidden_layers
+    if n_target < 2:
+        raise ValueError(f"a drafter needs a target of at least 2 layers to tap, got {n_target}")
+    ids = default_target_layer_ids(n_target, p.num_hidden_layers)
+    if any(not 0 <= i < n_target - 1 for i in ids) or any(b <= a for a, b in itertools.pairwise(ids)):
+        # Shallow targets: spread the taps over every layer but the last (whose HF output is final-normed).
+        taps = min(p.num_hidden_layers, n_target - 1)
+        ids = tuple(sorted({round(i * (n_target - 2) / max(taps - 1, 1)) for i in range(taps)}))
+    return DrafterConfig(
+        hidden_size=target.hidden_size, intermediate_size=p.intermediate_size,
+        num_hidden_layers=p.num_hidden_layers, num_attention_heads=p.num_attention_heads,
+        num_key_value_heads=p.num_key_value_heads, head_dim=p.head_dim, vocab_size=target.vocab_size,
+        rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope.theta,
+        max_position_embeddings=target.max_position_embeddings, block_size=p.block_size,
+        mask_token_id=target.vocab_size - 1, num_target_layers=n_target, target_layer_ids=ids,
+    )
+
+
+def make_drafter(target: ModelConfig, out_dir: str | Path, seed: int, preset: str) -> DrafterConfig:
+    """Write a seeded random DFlash drafter matching `target` (same hidden size and vocabulary)."""
+    cfg = drafter_config_for(target, preset)
+    write_drafter(out_dir, cfg, random_drafter_tensors(cfg, seed))
+    return cfg
+
+
+def random_drafter_tensors(cfg: DrafterConfig, seed: int) -> Mapping[str, np.ndarray]:
+    """Seeded random bf16 tensors of a drafter, each made when first asked for (tensor i draws from (seed, i))."""
+    return _RandomTensors(drafter_tensor_specs(cfg), seed)
+
+
+class _RandomTensors(Mapping[str, np.ndarray]):
+    """Seeded random bf16 tensors made on demand, so a K2-sized drafter is written one shard at a time."""
+
+    def __init__(self, specs: Mapping[str, TensorSpec], seed: int) -> None:
+        self._specs = dict(specs)
+        self._index = {name: i for i, name in enumerate(self._specs)}
+        self._seed = seed
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        shape = self._specs[name].shape
+        rng = np.random.default_rng([self._seed, self._index[name]])
+        if len(shape) == 1:  # RMSNorm gains around 1
+            values = 1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)
+        else:  # fan-in scaled so activations keep their scale through the stack
+            values = rng.standard_normal(shape, dtype=np.float32) * np.float32(shape[1] ** -0.5)
+        return bf16.from_float32(values)
+
+    def __iter__(self):
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)

@@ -1,0 +1,109 @@
+// The autoregressive engine: owns one GPU's copy of a DeepSeek-V3 / K2 model, per-stream latent KV caches,
+// every scratch buffer, and the CUDA graphs of the decode step. Python hands it host weights once and then only
+// token ids; nothing on the decode path allocates or waits on the host.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine_weights.h"
+
+namespace ddtree {
+
+// Row metadata of one forward, in device memory: token ids, positions, cache addressing, sampling keys.
+struct RowBuffers {
+    int32_t* ids = nullptr;
+    int32_t* positions = nullptr;
+    int32_t* kv_start = nullptr;  // first cache row of the row's stream
+    int32_t* kv_len = nullptr;    // keys visible to the row (position + 1)
+    int32_t* slots = nullptr;     // cache row the row's own key is written to
+    int32_t* stream_ids = nullptr;
+    int32_t* logit_rows = nullptr;       // rows whose logits are computed, in order
+    int32_t* logit_stream_ids = nullptr;
+    int32_t* logit_positions = nullptr;
+};
+
+// Seconds of device time per named operation, summed over layers (from profile_step).
+using StepProfile = std::vector<std::pair<std::string, double>>;
+
+class Engine {
+  public:
+    Engine(const ModelDims& dims, const RopeTable& rope, int streams, int max_context, int device);
+    ~Engine();
+    Engine(const Engine&) = delete;
+    Engine& operator=(const Engine&) = delete;
+
+    const ModelDims& dims() const { return dims_; }
+    int streams() const { return streams_; }
+    int max_context() const { return max_context_; }
+    int device() const { return device_; }
+    Weights& weights() { return *weights_; }
+    size_t device_bytes() const;
+
+    // Prefill each prompt into its stream (stream i <- prompts[i], from position 0) and choose each stream's
+    // first new token; returns them.
+    std::vector<int32_t> prefill(const std::vector<std::vector<int32_t>>& prompts, float temperature, uint64_t seed);
+
+    // After prefill: `steps` decode steps for streams 0..n-1 by replaying the captured graph of bucket n.
+    // first_tokens are prefill's tokens. Returns [n][steps + 1] tokens (first token included).
+    std::vector<std::vector<int32_t>> decode(const std::vector<int32_t>& first_tokens,
+                                             const std::vector<int32_t>& prompt_lengths, int steps,
+                                             float temperature, uint64_t seed);
+
+    // One eager forward over arbitrary rows (stream, position, id), writing their keys into the caches;
+    // returns fp32 logits [rows, vocab]. For tests of batch invariance and against the reference.
+    std::vector<float> forward_logits(const std::vector<int32_t>& ids, const std::vector<int32_t>& streams,
+                                      const std::vector<int32_t>& positions);
+
+    // Benchmark support: random weights (see Weights::randomize), random cache contents for every stream.
+    void randomize_cache(uint64_t seed);
+    // Replays the decode graph of `n` streams at the given positions `iters` times; returns
+    // {device seconds per step, host seconds per graph launch}.
+    std::pair<double, double> time_decode(int n, const std::vector<int32_t>& positions, int iters);
+    // Device time per operation of one eager decode step of `n` streams at the given positions.
+    StepProfile profile_step(int n, const std::vector<int32_t>& positions, int iters);
+
+  private:
+    struct Graph {
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+    };
+    class Timeline;
+
+    void allocate_buffers();
+    void upload_rows(const RowBuffers& rows, const std::vector<int32_t>& ids, const std::vector<int32_t>& streams,
+                     const std::vector<int32_t>& positions, const std::vector<int32_t>& logit_rows);
+    void forward(const RowBuffers& rows, int n_rows, int n_logit_rows, Timeline* timeline);
+    void sample(const RowBuffers& rows, int n_logit_rows);
+    void set_decode_state(const std::vector<int32_t>& ids, const std::vector<int32_t>& positions, int n);
+    Graph& decode_graph(int n);
+    void check_rows(const std::vector<int32_t>& streams, const std::vector<int32_t>& positions) const;
+
+    ModelDims dims_;
+    RopeTable rope_;
+    int streams_, max_context_, device_;
+    int max_rows_;  // rows of one forward: max(streams, prefill chunk)
+    int max_steps_; // decode history length
+    std::unique_ptr<Weights> weights_;
+    cudaStream_t stream_ = nullptr;
+    std::vector<void*> allocations_;
+
+    // activations and scratch
+    kernels::bf16 *x_ = nullptr, *xn_ = nullptr, *qkv_ = nullptr, *qn_ = nullptr, *q_ = nullptr, *q_abs_ = nullptr;
+    kernels::bf16 *o_lat_ = nullptr, *v_out_ = nullptr, *delta_ = nullptr, *delta2_ = nullptr, *act_ = nullptr;
+    kernels::bf16 *expert_act_ = nullptr, *hsel_ = nullptr, *kv_cache_ = nullptr;
+    float *router_logits_ = nullptr, *topk_weights_ = nullptr, *logits_ = nullptr;
+    float *gemm_ws_ = nullptr, *attn_ws_ = nullptr;
+    int32_t *topk_ids_ = nullptr, *gemm_counters_ = nullptr, *tokens_ = nullptr, *history_ = nullptr;
+    int32_t* step_ = nullptr;
+    float* temperature_ = nullptr;
+    unsigned long long* seed_ = nullptr;
+    RowBuffers eager_rows_, decode_rows_;
+    std::map<int, Graph> graphs_;
+};
+
+}  // namespace ddtree

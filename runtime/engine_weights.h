@@ -1,0 +1,103 @@
+// The model's weights on the device, in the layouts the engine's kernels read:
+// - q_a_proj and kv_a_proj_with_mqa concatenated into one [q_lora + kv_lora + rope, hidden] projection;
+// - kv_b_proj kept as is (its value rows are the absorbed W_UV) plus W_UK transposed per head [kv_lora, nope];
+// - gate_proj / up_proj interleaved in blocks of 8 rows for the GEMM's fused SiLU epilogue;
+// - routed experts repacked for the Marlin-style MoE kernel, or kept in checkpoint layout for the plain INT4
+//   kernel when the shape is one the fused kernel does not take.
+// Uploads are by HF tensor name from host memory (Python's memory-mapped checkpoint views); each is checked
+// against the expected byte size so a wrong tensor never overruns a buffer.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.cuh"
+#include "experts_int4.cuh"
+#include "moe_layer.h"
+
+namespace ddtree {
+
+struct ModelDims {
+    int vocab, hidden, inter, moe_inter, layers, heads, q_lora, kv_lora, nope, rope, v;
+    int experts, shared_inter, topk, first_dense;
+    float routed_scaling_factor;
+    bool norm_topk_prob;
+    float rms_eps, lora_eps, softmax_scale;
+
+    int qk() const { return nope + rope; }
+    int qkv_a() const { return q_lora + kv_lora + rope; }
+    int latent_row() const { return kv_lora + rope; }
+    bool is_moe(int layer) const { return layer >= first_dense; }
+};
+
+struct RopeTable {
+    std::vector<float> inv_freq;
+    float attention_factor;
+    bool interleave;
+};
+
+struct LayerWeights {
+    kernels::bf16 *input_norm = nullptr, *post_norm = nullptr;
+    kernels::bf16 *qkv_a = nullptr, *q_a_norm = nullptr, *kv_a_norm = nullptr, *q_b = nullptr;
+    kernels::bf16 *kv_b = nullptr, *w_uk_t = nullptr, *o_proj = nullptr;
+    kernels::bf16 *gate_up = nullptr, *down = nullptr;  // dense MLP, or the shared expert of a MoE layer
+    kernels::bf16* router = nullptr;
+    float* router_bias = nullptr;
+    std::unique_ptr<MoeLayer> marlin;  // fused INT4 experts when the shape allows
+    kernels::Int4Experts plain{};      // otherwise: checkpoint-layout INT4 experts
+    std::vector<bool> expert_uploaded;
+};
+
+class Weights {
+  public:
+    Weights(const ModelDims& dims, int device, int max_tokens, cudaStream_t stream);
+    ~Weights();
+    Weights(const Weights&) = delete;
+    Weights& operator=(const Weights&) = delete;
+
+    // Device bytes the weights of `dims` take (the engine's memory pre-flight).
+    static size_t planned_bytes(const ModelDims& dims, int max_tokens);
+    static bool marlin_supported(const ModelDims& dims);
+
+    // Copies one non-expert tensor; `name` without the checkpoint's weight prefix. Throws std::invalid_argument
+    // naming the tensor for an unknown name or a wrong byte size.
+    void upload(const std::string& name, const void* host, size_t bytes);
+    // One routed expert's compressed-tensors tensors (weight_packed int32, weight_scale bf16 bits).
+    void upload_expert(int layer, int expert, const int32_t* gate_packed, const uint16_t* gate_scale,
+                       const int32_t* up_packed, const uint16_t* up_scale, const int32_t* down_packed,
+                       const uint16_t* down_scale);
+    // Random weights of the right scale in every tensor (benchmarks at K2 dims without a checkpoint on disk).
+    void randomize(uint64_t seed);
+    // The first tensor not uploaded yet ("" when complete).
+    std::string missing() const;
+
+    kernels::bf16 *embed = nullptr, *final_norm = nullptr, *lm_head = nullptr;
+    std::vector<LayerWeights> layers;
+
+  private:
+    enum class Kind { kPlain, kGate, kUp, kKvB, kBias };
+    struct Slot {
+        void* dst;
+        size_t bytes;
+        Kind kind;
+        int layer;
+        bool uploaded = false;
+    };
+    kernels::bf16* alloc_bf16(size_t count);
+    void* alloc_bytes(size_t bytes);
+    void add(const std::string& name, void* dst, size_t bytes, Kind kind = Kind::kPlain, int layer = -1);
+    void interleave_if_ready(int layer);
+
+    ModelDims dims_;
+    int device_;
+    cudaStream_t stream_;
+    std::vector<void*> allocations_;
+    std::map<std::string, Slot> slots_;
+    std::vector<kernels::bf16*> gate_stage_, up_stage_;  // gate/up rows until both halves arrived
+};
+
+}  // namespace ddtree

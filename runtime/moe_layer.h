@@ -1,0 +1,54 @@
+// One MoE layer's routed experts on one GPU: the repacked INT4 weights, the scratch of the fused call,
+// and the call itself. The engine owns one per layer and calls forward() on its stream (inside CUDA
+// graphs: forward neither allocates nor syncs with the host).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ddtree {
+
+struct MoeLayerShape {
+    int experts;        // experts held by this layer (ids 0..experts-1)
+    int hidden;         // H, multiple of 128
+    int inter;          // moe_intermediate_size, multiple of 128
+    int topk;           // experts per token, <= 16
+    int max_tokens;     // largest M a forward call may pass
+    float routed_scaling_factor;
+};
+
+class MoeLayer {
+  public:
+    // Allocates weights and workspace on `device`; throws std::invalid_argument for an unsupported shape.
+    MoeLayer(const MoeLayerShape& shape, int device);
+    ~MoeLayer();
+    MoeLayer(const MoeLayer&) = delete;
+    MoeLayer& operator=(const MoeLayer&) = delete;
+
+    const MoeLayerShape& shape() const { return shape_; }
+    int device() const { return device_; }
+    size_t w13_bytes_per_expert() const;
+    size_t w2_bytes_per_expert() const;
+    uint8_t* w13() const { return w13_; }  // [experts, w13_bytes_per_expert]
+    uint8_t* w2() const { return w2_; }    // [experts, w2_bytes_per_expert]
+
+    // Copies `count` experts' repacked bytes (host or device memory) into slots first..first+count-1.
+    void set_experts(int first, int count, const void* w13, const void* w2, cudaStream_t stream);
+
+    // out[M, H] = sum over the top-k slots (fixed order) of weight * rsf * w2(SiLU(w13_gate x) * w13_up x).
+    // expert_mask[e] == 0 (or an id outside 0..experts-1) skips that slot; nullptr keeps all experts.
+    void forward(const __nv_bfloat16* hidden_states, const int32_t* topk_ids, const float* topk_weights,
+                 const uint8_t* expert_mask, __nv_bfloat16* out, int tokens, cudaStream_t stream) const;
+
+  private:
+    MoeLayerShape shape_;
+    int device_;
+    int gemm_ctas_ = 0;
+    uint8_t* w13_ = nullptr;
+    uint8_t* w2_ = nullptr;
+    void* workspace_ = nullptr;
+};
+
+}  // namespace ddtree

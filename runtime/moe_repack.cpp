@@ -1,0 +1,196 @@
+#include "moe_repack.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "moe_marlin.cuh"
+
+namespace ddtree::moe {
+namespace {
+
+namespace k = ddtree::kernels::moe;
+
+constexpr int kWarps = k::kStripeRows / 16;
+
+// Geometry of one repacked matrix: `stripes` stripes of kStripeRows tile rows over `cols` reduction inputs.
+// tile_row_to_row maps (stripe, tile row 0..127) to the checkpoint row (w13: gate rows, then up rows).
+struct Geometry {
+    int stripes;
+    int cols;
+    bool gate_up;
+    int inter;
+
+    int row(int stripe, int tile_row) const {
+        if (!gate_up) return stripe * k::kStripeRows + tile_row;
+        const int warp = tile_row / 16, r = tile_row % 16;
+        const int f = stripe * (k::kStripeRows / 2) + warp * 8 + (r & 7);
+        return r < 8 ? f : inter + f;
+    }
+    size_t stripe_bytes() const { return static_cast<size_t>(cols / k::kStageK) * k::kStageBytes; }
+    size_t expert_bytes() const { return stripe_bytes() * stripes; }
+};
+
+// Position of nibble i of weight word `word` inside a stage: tile row and column offset from the stage start.
+struct Slot {
+    int tile_row, col;
+};
+Slot weight_slot(int word, int nibble) {
+    const int j = word % 4, lane = (word / 4) % 32, warp_half = word / 128;
+    const int warp = warp_half / 2, half = warp_half % 2;
+    const int g = lane / 4, t = lane % 4;
+    return {warp * 16 + g + 8 * (nibble & 1), (half * 4 + j) * 16 + 2 * t + 8 * ((nibble >> 1) & 1) + (nibble >> 2)};
+}
+// Scale entry `index` of a stage: tile row and group offset from the stage's first group.
+Slot scale_slot(int index) {
+    const int grp = index % 4, hi = (index / 4) % 2, wg = index / 8;
+    const int warp = wg / 8, g = wg % 8;
+    return {warp * 16 + g + 8 * hi, grp};
+}
+
+constexpr int kWordsPerStage = k::kStageWeightBytes / 4;
+constexpr int kScalesPerStage = k::kStageScaleBytes / 2;
+
+// Runs fn(expert, stripe) over all pairs on every host core.
+void parallel_stripes(int experts, int stripes, const std::function<void(int, int)>& fn) {
+    const long total = static_cast<long>(experts) * stripes;
+    const long workers = std::max(1L, std::min<long>(total, std::thread::hardware_concurrency()));
+    std::vector<std::thread> pool;
+    std::vector<std::exception_ptr> errors(workers);
+    for (long w = 0; w < workers; ++w) {
+        pool.emplace_back([&, w] {
+            try {
+                for (long u = w; u < total; u += workers) fn(static_cast<int>(u / stripes), static_cast<int>(u % stripes));
+            } catch (...) {
+                errors[w] = std::current_exception();
+            }
+        });
+    }
+    for (auto& t : pool) t.join();
+    for (auto& e : errors) {
+        if (e) std::rethrow_exception(e);
+    }
+}
+
+// source(expert, row) -> (packed row, scale row) in the checkpoint.
+using RowSource = std::function<PackedProjection(int expert, int row)>;
+
+void repack(const Geometry& geo, int experts, const RowSource& source, uint8_t* out) {
+    parallel_stripes(experts, geo.stripes, [&](int e, int s) {
+        uint8_t* stripe_out = out + e * geo.expert_bytes() + s * geo.stripe_bytes();
+        PackedProjection rows[k::kStripeRows];
+        for (int r = 0; r < k::kStripeRows; ++r) rows[r] = source(e, geo.row(s, r));
+        for (int ks = 0; ks < geo.cols / k::kStageK; ++ks) {
+            uint8_t* stage = stripe_out + static_cast<size_t>(ks) * k::kStageBytes;
+            for (int word = 0; word < kWordsPerStage; ++word) {
+                uint32_t v = 0;
+                for (int nib = 0; nib < 8; ++nib) {
+                    const Slot slot = weight_slot(word, nib);
+                    const int col = ks * k::kStageK + slot.col;
+                    const uint32_t src = static_cast<uint32_t>(rows[slot.tile_row].packed[col / 8]);
+                    v |= ((src >> (4 * (col % 8))) & 0xFu) << (4 * nib);
+                }
+                std::memcpy(stage + word * 4, &v, 4);
+            }
+            for (int i = 0; i < kScalesPerStage; ++i) {
+                const Slot slot = scale_slot(i);
+                const uint16_t sc = rows[slot.tile_row].scale[ks * (k::kStageK / k::kGroup) + slot.col];
+                std::memcpy(stage + k::kStageWeightBytes + i * 2, &sc, 2);
+            }
+        }
+    });
+}
+
+void unpack(const Geometry& geo, int experts, const uint8_t* repacked, uint8_t* q, uint16_t* scale) {
+    const int rows = geo.stripes * k::kStripeRows, cols = geo.cols, groups = cols / k::kGroup;
+    // Every slot is written exactly once when the layout is a bijection; 0xFF / 0xFFFF marks "not yet".
+    std::memset(q, 0xFF, static_cast<size_t>(experts) * rows * cols);
+    std::vector<uint8_t> scale_hit(static_cast<size_t>(experts) * rows * groups, 0);
+    parallel_stripes(experts, geo.stripes, [&](int e, int s) {
+        const uint8_t* stripe_in = repacked + e * geo.expert_bytes() + s * geo.stripe_bytes();
+        for (int ks = 0; ks < cols / k::kStageK; ++ks) {
+            const uint8_t* stage = stripe_in + static_cast<size_t>(ks) * k::kStageBytes;
+            for (int word = 0; word < kWordsPerStage; ++word) {
+                uint32_t v;
+                std::memcpy(&v, stage + word * 4, 4);
+                for (int nib = 0; nib < 8; ++nib) {
+                    const Slot slot = weight_slot(word, nib);
+                    const size_t at = (static_cast<size_t>(e) * rows + geo.row(s, slot.tile_row)) * cols +
+                                      ks * k::kStageK + slot.col;
+                    if (q[at] != 0xFF) throw std::runtime_error("repacked weight element hit twice at " + std::to_string(at));
+                    q[at] = static_cast<uint8_t>((v >> (4 * nib)) & 0xFu);
+                }
+            }
+            for (int i = 0; i < kScalesPerStage; ++i) {
+                const Slot slot = scale_slot(i);
+                const size_t at = (static_cast<size_t>(e) * rows + geo.row(s, slot.tile_row)) * groups +
+                                  ks * (k::kStageK / k::kGroup) + slot.col;
+                if (scale_hit[at]++) throw std::runtime_error("repacked scale hit twice at " + std::to_string(at));
+                std::memcpy(&scale[at], stage + k::kStageWeightBytes + i * 2, 2);
+            }
+        }
+    });
+    for (size_t i = 0; i < static_cast<size_t>(experts) * rows * cols; ++i) {
+        if (q[i] == 0xFF) throw std::runtime_error("repacked weight element never written at " + std::to_string(i));
+    }
+    for (size_t i = 0; i < scale_hit.size(); ++i) {
+        if (!scale_hit[i]) throw std::runtime_error("repacked scale never written at " + std::to_string(i));
+    }
+}
+
+Geometry w13_geometry(int hidden, int inter) { return {2 * inter / k::kStripeRows, hidden, true, inter}; }
+Geometry w2_geometry(int hidden, int inter) { return {hidden / k::kStripeRows, inter, false, inter}; }
+
+}  // namespace
+
+void check_moe_shape(int hidden, int inter) {
+    if (!k::shape_supported(hidden, inter)) {
+        throw std::invalid_argument("MoE shape hidden=" + std::to_string(hidden) + ", inter=" + std::to_string(inter) +
+                                    " unsupported: both must be positive multiples of " + std::to_string(k::kStageK));
+    }
+}
+
+size_t repacked_w13_bytes(int hidden, int inter) {
+    check_moe_shape(hidden, inter);
+    return k::w13_bytes_per_expert(hidden, inter);
+}
+
+size_t repacked_w2_bytes(int hidden, int inter) {
+    check_moe_shape(hidden, inter);
+    return k::w2_bytes_per_expert(hidden, inter);
+}
+
+void repack_w13(PackedProjection gate, PackedProjection up, int experts, int hidden, int inter, uint8_t* out) {
+    check_moe_shape(hidden, inter);
+    const size_t words = hidden / 8, groups = hidden / k::kGroup;
+    repack(w13_geometry(hidden, inter), experts, [&](int e, int row) {
+        const PackedProjection& src = row < inter ? gate : up;
+        const size_t r = static_cast<size_t>(e) * inter + (row < inter ? row : row - inter);
+        return PackedProjection{src.packed + r * words, src.scale + r * groups};
+    }, out);
+}
+
+void repack_w2(PackedProjection down, int experts, int hidden, int inter, uint8_t* out) {
+    check_moe_shape(hidden, inter);
+    const size_t words = inter / 8, groups = inter / k::kGroup;
+    repack(w2_geometry(hidden, inter), experts, [&](int e, int row) {
+        const size_t r = static_cast<size_t>(e) * hidden + row;
+        return PackedProjection{down.packed + r * words, down.scale + r * groups};
+    }, out);
+}
+
+void unpack_w13(const uint8_t* repacked, int experts, int hidden, int inter, uint8_t* q, uint16_t* scale) {
+    check_moe_shape(hidden, inter);
+    unpack(w13_geometry(hidden, inter), experts, repacked, q, scale);
+}
+
+void unpack_w2(const uint8_t* repacked, int experts, int hidden, int inter, uint8_t* q, uint16_t* scale) {
+    check_moe_shape(hidden, inter);
+    unpack(w2_geometry(hidden, inter), experts, repacked, q, scale);
+}
+
+}  // namespace ddtree::moe
