@@ -6,5 +6,6 @@ namespace ddtree {
 
 void bind_kernels(nanobind::module_& m);
 void bind_moe(nanobind::module_& m);
+void bind_engine(nanobind::module_& m);  // after bind_kernels: adds to its submodule
 
 }  // namespace ddtree

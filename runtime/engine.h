@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -101,6 +102,7 @@ class Engine {
     int32_t *topk_ids_ = nullptr, *gemm_counters_ = nullptr, *tokens_ = nullptr, *history_ = nullptr;
     int32_t* step_ = nullptr;
     float* temperature_ = nullptr;
+    float* rope_device_ = nullptr;  // inv_freq table
     unsigned long long* seed_ = nullptr;
     RowBuffers eager_rows_, decode_rows_;
     std::map<int, Graph> graphs_;

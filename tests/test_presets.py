@@ -118,10 +118,14 @@ def test_small_preset_is_a_few_hundred_mb_and_well_conditioned():
     size = sum(np.prod(s.shape) * (4 if s.dtypes[0] in ("I32", "F32") else 2)
                for s in expected_tensors(cfg).values())
     assert 150e6 < size < 600e6
-    # Its tensors exactly as written, without the disk: greedy decoding stays varied through all layers.
+    # Its tensors as make_model writes them (without the disk; 3 of its 6 layers to keep CI fast): activations
+    # stay well-conditioned and greedy decoding stays varied.
+    cfg = preset_config("small", layers=3)
     model = ReferenceModel(cfg, random_tensors(cfg, seed=0))
-    tokens = model.greedy_generate([1, 2, 3], 16)
-    assert len(set(tokens)) >= 12, tokens
+    out = model.forward([1, 2, 3, 4], np.arange(4), model.new_cache(), hidden_layers=range(3))
+    assert all(0.5 < np.sqrt(np.mean(h**2)) < 5 for h in out.hidden.values())
+    tokens = model.greedy_generate([1, 2, 3], 12)
+    assert len(set(tokens)) >= 9, tokens
 
 
 def test_k2_layers_has_the_real_k2_dimensions():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ddtree.checkpoint import open_checkpoint
 from ddtree.errors import CheckpointError, RequestError
 from ddtree.presets import make_model
 from ddtree.reference import ReferenceModel
@@ -14,10 +15,15 @@ RTOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
+def model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny")
     make_model("tiny", path, seed=1)
-    return ReferenceModel.load(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(model_dir):
+    return ReferenceModel.load(model_dir)
 
 
 def _close(a: np.ndarray, b: np.ndarray) -> bool:
@@ -104,8 +110,13 @@ def test_bad_requests_name_the_culprit(model):
         cache.truncate(4)
 
 
-def test_weights_missing_a_tensor_are_named(model):
-    weights = {name: model._weights[name] for name in model._weights}
+def test_weights_missing_a_tensor_are_named(model_dir):
+    checkpoint = open_checkpoint(model_dir)
+    weights = dict(checkpoint)
     del weights["model.layers.1.mlp.experts.3.up_proj.weight_scale"]
     with pytest.raises(CheckpointError, match="experts.3.up_proj.weight_scale"):
-        ReferenceModel(model.config, weights)
+        ReferenceModel(checkpoint.config, weights)
+    weights = dict(checkpoint)
+    weights["model.norm.weight"] = weights["model.norm.weight"][:-1]
+    with pytest.raises(CheckpointError, match="model.norm.weight"):
+        ReferenceModel(checkpoint.config, weights)

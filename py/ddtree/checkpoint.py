@@ -198,39 +198,25 @@ class Checkpoint(Mapping[str, np.ndarray]):
         return len(self._specs)
 
 
-def _spec_for(array: np.ndarray, dtype: str) -> safetensors.TensorSpec:
-    return safetensors.TensorSpec(dtype=dtype, shape=list(array.shape), data_ptr=array.ctypes.data,
-                                  data_len=array.nbytes)
-
-
 _WRITE_DTYPE = {np.dtype(np.uint16): "bfloat16", np.dtype(np.float32): "float32", np.dtype(np.int32): "int32",
                 np.dtype(np.int64): "int64"}
 
 
-def write_checkpoint(model_dir: str | Path, cfg: ModelConfig, tensors: Mapping[str, np.ndarray],
-                     shard_bytes: int = 2 << 30) -> None:
-    """Write config.json, shards of at most `shard_bytes` and model.safetensors.index.json.
+def write_tensor_dir(out_dir: str | Path, config: Mapping[str, object], specs: Mapping[str, TensorSpec],
+                     tensors: Mapping[str, np.ndarray], shards: list[list[str]]) -> None:
+    """Write config.json, one safetensors file per group of names in `shards`, and the index.
 
-    `tensors` must hold exactly the expected tensor set; uint16 arrays are written as BF16.
+    `tensors` must hold exactly the names of `specs`, each with its spec's shape; uint16 arrays are BF16.
+    Tensors are read shard by shard, so a lazily generated mapping never has to be in memory whole.
     """
-    out = Path(model_dir)
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    specs = expected_tensors(cfg)
-    missing = set(specs) - set(tensors)
-    extra = set(tensors) - set(specs)
+    missing, extra = set(specs) - set(tensors), set(tensors) - set(specs)
     if missing or extra:
         raise CheckpointError(f"{out}: tensor set does not match the config "
                               f"(missing {sorted(missing)[:3]}, unexpected {sorted(extra)[:3]})")
-    shards: list[list[str]] = [[]]
-    size = 0
-    for name in specs:
-        nbytes = tensors[name].nbytes
-        if shards[-1] and size + nbytes > shard_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append(name)
-        size += nbytes
     weight_map = {}
+    total = 0
     for i, names in enumerate(shards):
         file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         arrays = {n: np.ascontiguousarray(tensors[n]) for n in names}
@@ -238,13 +224,35 @@ def write_checkpoint(model_dir: str | Path, cfg: ModelConfig, tensors: Mapping[s
             if a.dtype not in _WRITE_DTYPE or a.shape != specs[n].shape:
                 raise CheckpointError(f"{out}: tensor '{n}' has dtype {a.dtype} shape {list(a.shape)}, "
                                       f"expected {specs[n].dtypes[0]} {list(specs[n].shape)}")
-        safetensors.serialize_file({n: _spec_for(a, _WRITE_DTYPE[a.dtype]) for n, a in arrays.items()},
-                                   str(out / file), metadata={"format": "pt"})
+        serial = {n: safetensors.TensorSpec(dtype=_WRITE_DTYPE[a.dtype], shape=list(a.shape),
+                                            data_ptr=a.ctypes.data, data_len=a.nbytes) for n, a in arrays.items()}
+        safetensors.serialize_file(serial, str(out / file), metadata={"format": "pt"})
         weight_map.update({n: file for n in names})
-    total = sum(tensors[n].nbytes for n in specs)
+        total += sum(a.nbytes for a in arrays.values())
     (out / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
                                              indent=2))
-    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def _shard_bytes_groups(specs: Mapping[str, TensorSpec], tensors: Mapping[str, np.ndarray],
+                        shard_bytes: int) -> list[list[str]]:
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name in specs:
+        nbytes = int(np.prod(specs[name].shape)) * np.dtype(_STORAGE[specs[name].dtypes[0]]).itemsize
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    return shards
+
+
+def write_checkpoint(model_dir: str | Path, cfg: ModelConfig, tensors: Mapping[str, np.ndarray],
+                     shard_bytes: int = 2 << 30) -> None:
+    """Write a target checkpoint: config.json, shards of at most `shard_bytes`, model.safetensors.index.json."""
+    specs = expected_tensors(cfg)
+    write_tensor_dir(model_dir, cfg.to_dict(), specs, tensors, _shard_bytes_groups(specs, tensors, shard_bytes))
 
 
 def open_checkpoint(model_dir: str | Path) -> Checkpoint:

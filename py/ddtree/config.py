@@ -384,15 +384,20 @@ def parse_config(raw: dict[str, Any], where: str = "config.json") -> ModelConfig
     )
 
 
-def load_config(model_dir: str | Path) -> ModelConfig:
-    """Read and validate `model_dir/config.json`."""
+def read_config_json(model_dir: str | Path) -> tuple[dict[str, Any], Path]:
+    """The parsed `model_dir/config.json` and its path; a missing or malformed file raises ConfigError."""
     path = Path(model_dir) / "config.json"
     if not Path(model_dir).is_dir():
         raise ConfigError(f"{model_dir}: model directory does not exist")
     if not path.is_file():
         raise ConfigError(f"{path}: file not found")
     try:
-        raw = json.loads(path.read_text())
+        return json.loads(path.read_text()), path
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def load_config(model_dir: str | Path) -> ModelConfig:
+    """Read and validate `model_dir/config.json`."""
+    raw, path = read_config_json(model_dir)
     return parse_config(raw, where=str(path))

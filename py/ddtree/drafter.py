@@ -10,19 +10,17 @@ with the field named, so a drafter is never run under assumptions it does not me
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import safetensors
 
 from ddtree import bf16
-from ddtree.checkpoint import INDEX_FILE, Checkpoint, TensorSpec
-from ddtree.config import ModelConfig
-from ddtree.errors import CheckpointError, ConfigError
+from ddtree.checkpoint import Checkpoint, TensorSpec, write_tensor_dir
+from ddtree.config import ModelConfig, read_config_json
+from ddtree.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,13 +198,7 @@ def parse_drafter_config(raw: Any, where: str = "config.json", target: ModelConf
 
 
 def load_drafter_config(drafter_dir: str | Path, target: ModelConfig | None = None) -> DrafterConfig:
-    path = Path(drafter_dir) / "config.json"
-    if not path.is_file():
-        raise ConfigError(f"{path}: file not found")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    raw, path = read_config_json(drafter_dir)
     return parse_drafter_config(raw, where=str(path), target=target)
 
 
@@ -245,36 +237,10 @@ def open_drafter(drafter_dir: str | Path, target: ModelConfig | None = None) -> 
 
 def write_drafter(drafter_dir: str | Path, cfg: DrafterConfig, tensors: Mapping[str, np.ndarray]) -> None:
     """Write config.json, one bf16 safetensors shard per layer (plus one for fc/norms) and the index."""
-    out = Path(drafter_dir)
-    out.mkdir(parents=True, exist_ok=True)
     specs = drafter_tensor_specs(cfg)
-    if set(tensors) != set(specs):
-        raise CheckpointError(f"{out}: tensor set does not match the drafter config "
-                              f"(missing {sorted(set(specs) - set(tensors))[:3]}, "
-                              f"unexpected {sorted(set(tensors) - set(specs))[:3]})")
-    groups = [[n for n in specs if not n.startswith("layers.")]]
-    groups += [[n for n in specs if n.startswith(f"layers.{i}.")] for i in range(cfg.num_hidden_layers)]
-    weight_map = {}
-    for index, names in enumerate(groups):
-        _write_shard(out, f"model-{index + 1:05d}-of-{len(groups):05d}.safetensors",
-                     {n: tensors[n] for n in names}, specs, weight_map)
-    total = sum(2 * int(np.prod(spec.shape)) for spec in specs.values())
-    (out / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
-                                             indent=2))
-    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-
-
-def _write_shard(out: Path, file: str, tensors: Mapping[str, np.ndarray], specs: Mapping[str, TensorSpec],
-                 weight_map: dict[str, str]) -> None:
-    arrays = {n: np.ascontiguousarray(a) for n, a in tensors.items()}
-    for name, array in arrays.items():
-        if array.dtype != np.uint16 or array.shape != specs[name].shape:
-            raise CheckpointError(f"{out}: tensor '{name}' has dtype {array.dtype} shape {list(array.shape)}, "
-                                  f"expected bf16 bits (uint16) {list(specs[name].shape)}")
-    serial = {n: safetensors.TensorSpec(dtype="bfloat16", shape=list(a.shape), data_ptr=a.ctypes.data,
-                                        data_len=a.nbytes) for n, a in arrays.items()}
-    safetensors.serialize_file(serial, str(out / file), metadata={"format": "pt"})
-    weight_map.update({n: file for n in arrays})
+    shards = [[n for n in specs if not n.startswith("layers.")]]
+    shards += [[n for n in specs if n.startswith(f"layers.{i}.")] for i in range(cfg.num_hidden_layers)]
+    write_tensor_dir(drafter_dir, cfg.to_dict(), specs, tensors, shards)
 
 
 @dataclass(frozen=True, slots=True)

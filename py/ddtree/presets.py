@@ -110,7 +110,10 @@ def preset_config(preset: str, layers: int | None = None) -> ModelConfig:
 
 
 def make_model(preset: str, out_dir: str | Path, seed: int, layers: int | None = None) -> ModelConfig:
-    """Write a seeded random checkpoint of `preset` to out_dir and return its config."""
+    """Write a seeded random checkpoint of `preset` to out_dir and return its config.
+
+    The whole checkpoint is built in memory before it is written (k2-layers: about 8.5 GB per MoE layer).
+    """
     cfg = preset_config(preset, layers)
     write_checkpoint(out_dir, cfg, random_tensors(cfg, seed, sample_experts=preset == "k2-layers"))
     return cfg

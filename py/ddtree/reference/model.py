@@ -27,7 +27,9 @@ from ddtree.reference.rope import Rope
 @dataclass(frozen=True)
 class ForwardOutput:
     logits: np.ndarray  # float32 [n, vocab]
-    hidden: dict[int, np.ndarray]  # layer -> float32 [n, hidden]: the residual stream after that layer
+    # layer -> float32 [n, hidden]: the residual stream after that layer, HF's hidden_states[layer + 1] (HF's
+    # last entry is taken after the final norm instead)
+    hidden: dict[int, np.ndarray]
 
 
 class ReferenceModel:

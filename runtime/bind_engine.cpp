@@ -1,0 +1,132 @@
+// Python surface of the engine (ddtree._native.Engine): construction from a config dict, weight upload from
+// host numpy views (no copies on the Python side), prefill/decode, and the test/benchmark entry points.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "bindings.h"
+#include "engine.h"
+
+namespace nb = nanobind;
+
+namespace ddtree {
+namespace {
+
+using HostArray = nb::ndarray<nb::device::cpu, nb::c_contig>;
+
+template <typename T>
+T field(const nb::dict& d, const char* key) {
+    if (!d.contains(key)) {
+        throw nb::value_error((std::string("engine config: missing field '") + key + "'").c_str());
+    }
+    return nb::cast<T>(d[key]);
+}
+
+ModelDims parse_dims(const nb::dict& d) {
+    return ModelDims{field<int>(d, "vocab"), field<int>(d, "hidden"), field<int>(d, "inter"),
+                     field<int>(d, "moe_inter"), field<int>(d, "layers"), field<int>(d, "heads"),
+                     field<int>(d, "q_lora"), field<int>(d, "kv_lora"), field<int>(d, "nope"),
+                     field<int>(d, "rope"), field<int>(d, "v"), field<int>(d, "experts"),
+                     field<int>(d, "shared_inter"), field<int>(d, "topk"), field<int>(d, "first_dense"),
+                     field<float>(d, "routed_scaling_factor"), field<bool>(d, "norm_topk_prob"),
+                     field<float>(d, "rms_eps"), field<float>(d, "lora_eps"), field<float>(d, "softmax_scale")};
+}
+
+template <typename T>
+const T* host_data(const HostArray& a, const char* name, nb::dlpack::dtype dtype) {
+    if (a.dtype() != dtype) {
+        throw nb::value_error((std::string("argument '") + name + "' has the wrong dtype").c_str());
+    }
+    return static_cast<const T*>(a.data());
+}
+
+nb::ndarray<nb::numpy, float, nb::ndim<2>> to_numpy(std::vector<float>&& values, size_t rows, size_t cols) {
+    auto* owned = new std::vector<float>(std::move(values));
+    nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+    return nb::ndarray<nb::numpy, float, nb::ndim<2>>(owned->data(), {rows, cols}, owner);
+}
+
+}  // namespace
+
+void bind_engine_kernels(nb::module_& kernels);
+
+void bind_engine(nb::module_& m) {
+    nb::class_<Engine>(m, "Engine", "Autoregressive decode engine on one GPU (see ddtree.Engine)")
+        .def(
+            "__init__",
+            [](Engine* self, const nb::dict& dims, const std::vector<float>& inv_freq, float attention_factor,
+               bool interleave, int streams, int max_context, int device) {
+                new (self) Engine(parse_dims(dims), RopeTable{inv_freq, attention_factor, interleave}, streams,
+                                  max_context, device);
+            },
+            nb::arg("dims"), nb::arg("inv_freq"), nb::arg("attention_factor"), nb::arg("interleave"),
+            nb::arg("streams"), nb::arg("max_context"), nb::arg("device"))
+        .def_prop_ro("streams", &Engine::streams)
+        .def_prop_ro("max_context", &Engine::max_context)
+        .def_prop_ro("device", &Engine::device)
+        .def(
+            "upload",
+            [](Engine& e, const std::string& name, HostArray a) {
+                const void* data = a.data();
+                const size_t bytes = a.nbytes();
+                nb::gil_scoped_release release;
+                e.weights().upload(name, data, bytes);
+            },
+            nb::arg("name"), nb::arg("array"), "Copy one tensor (name without the weight prefix) to the device.")
+        .def(
+            "upload_expert",
+            [](Engine& e, int layer, int expert, HostArray gp, HostArray gs, HostArray up, HostArray us, HostArray dp,
+               HostArray ds) {
+                const auto i32 = nb::dtype<int32_t>();
+                const auto u16 = nb::dtype<uint16_t>();
+                const int32_t* gp_p = host_data<int32_t>(gp, "gate_packed", i32);
+                const uint16_t* gs_p = host_data<uint16_t>(gs, "gate_scale", u16);
+                const int32_t* up_p = host_data<int32_t>(up, "up_packed", i32);
+                const uint16_t* us_p = host_data<uint16_t>(us, "up_scale", u16);
+                const int32_t* dp_p = host_data<int32_t>(dp, "down_packed", i32);
+                const uint16_t* ds_p = host_data<uint16_t>(ds, "down_scale", u16);
+                const ModelDims& d = e.dims();
+                const size_t m = static_cast<size_t>(d.moe_inter) * d.hidden;
+                if (gp.nbytes() != m / 2 || up.nbytes() != m / 2 || dp.nbytes() != m / 2 || gs.nbytes() != m / 16 ||
+                    us.nbytes() != m / 16 || ds.nbytes() != m / 16) {
+                    throw nb::value_error(("expert " + std::to_string(expert) + " of layer " + std::to_string(layer) +
+                                           ": tensor sizes do not match the config")
+                                              .c_str());
+                }
+                nb::gil_scoped_release release;
+                e.weights().upload_expert(layer, expert, gp_p, gs_p, up_p, us_p, dp_p, ds_p);
+            },
+            nb::arg("layer"), nb::arg("expert"), nb::arg("gate_packed"), nb::arg("gate_scale"), nb::arg("up_packed"),
+            nb::arg("up_scale"), nb::arg("down_packed"), nb::arg("down_scale"))
+        .def("randomize_weights", [](Engine& e, uint64_t seed) { e.weights().randomize(seed); }, nb::arg("seed"),
+             nb::call_guard<nb::gil_scoped_release>())
+        .def("missing", [](Engine& e) { return e.weights().missing(); })
+        .def("prefill", &Engine::prefill, nb::arg("prompts"), nb::arg("temperature"), nb::arg("seed"),
+             nb::call_guard<nb::gil_scoped_release>())
+        .def("decode", &Engine::decode, nb::arg("first_tokens"), nb::arg("prompt_lengths"), nb::arg("steps"),
+             nb::arg("temperature"), nb::arg("seed"), nb::call_guard<nb::gil_scoped_release>())
+        .def(
+            "forward_logits",
+            [](Engine& e, const std::vector<int32_t>& ids, const std::vector<int32_t>& streams,
+               const std::vector<int32_t>& positions) {
+                std::vector<float> logits;
+                {
+                    nb::gil_scoped_release release;
+                    logits = e.forward_logits(ids, streams, positions);
+                }
+                return to_numpy(std::move(logits), ids.size(), e.dims().vocab);
+            },
+            nb::arg("ids"), nb::arg("streams"), nb::arg("positions"))
+        .def("randomize_cache", &Engine::randomize_cache, nb::arg("seed"), nb::call_guard<nb::gil_scoped_release>())
+        .def("time_decode", &Engine::time_decode, nb::arg("streams"), nb::arg("positions"), nb::arg("iters"),
+             nb::call_guard<nb::gil_scoped_release>())
+        .def("profile_step", &Engine::profile_step, nb::arg("streams"), nb::arg("positions"), nb::arg("iters"),
+             nb::call_guard<nb::gil_scoped_release>());
+
+    nb::module_ kernels = nb::borrow<nb::module_>(m.attr("kernels"));
+    bind_engine_kernels(kernels);
+}
+
+}  // namespace ddtree

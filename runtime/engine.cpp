@@ -1,0 +1,575 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <sstream>
+#include <tuple>
+#include <stdexcept>
+
+#include "cuda_check.h"
+#include "embed.cuh"
+#include "gemm.cuh"
+#include "mla_attn.cuh"
+#include "rmsnorm.cuh"
+#include "rope.cuh"
+#include "router.cuh"
+#include "sample.cuh"
+
+namespace ddtree {
+
+namespace k = ddtree::kernels;
+using k::bf16;
+
+namespace {
+
+constexpr int kPrefillRows = 64;    // rows per prefill forward (one GEMM token block)
+constexpr int kDefaultSteps = 4096; // decode history per generate call
+constexpr size_t kHeadroomBytes = size_t{1} << 30;
+
+std::string gib(size_t bytes) {
+    std::ostringstream s;
+    s.precision(2);
+    s << std::fixed << static_cast<double>(bytes) / (1u << 30) << " GiB";
+    return s.str();
+}
+
+}  // namespace
+
+// Optional per-operation timing of an eager forward: events around each named op.
+class Engine::Timeline {
+  public:
+    explicit Timeline(cudaStream_t stream) : stream_(stream) {}
+    ~Timeline() {
+        for (auto& [name, start, stop] : events_) {
+            cudaEventDestroy(start);
+            cudaEventDestroy(stop);
+        }
+    }
+    template <typename F>
+    void op(const char* name, F&& launch) {
+        cudaEvent_t start, stop;
+        CUDA_CHECK(cudaEventCreate(&start));
+        CUDA_CHECK(cudaEventCreate(&stop));
+        events_.emplace_back(name, start, stop);
+        CUDA_CHECK(cudaEventRecord(start, stream_));
+        launch();
+        CUDA_CHECK(cudaEventRecord(stop, stream_));
+    }
+    void accumulate(std::map<std::string, double>& seconds) const {
+        for (const auto& [name, start, stop] : events_) {
+            float ms = 0.f;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+            seconds[name] += ms * 1e-3;
+        }
+    }
+
+  private:
+    cudaStream_t stream_;
+    std::vector<std::tuple<std::string, cudaEvent_t, cudaEvent_t>> events_;
+};
+
+Engine::Engine(const ModelDims& dims, const RopeTable& rope, int streams, int max_context, int device)
+    : dims_(dims), rope_(rope), streams_(streams), max_context_(max_context), device_(device) {
+    if (streams < 1 || streams > 1024) {
+        throw std::invalid_argument("streams must be in 1..1024, got " + std::to_string(streams));
+    }
+    if (max_context < 1) {
+        throw std::invalid_argument("max_context must be >= 1, got " + std::to_string(max_context));
+    }
+    if (static_cast<int64_t>(streams) * max_context > INT32_MAX) {
+        throw std::invalid_argument("streams * max_context must fit in int32");
+    }
+    if (!k::mla_dims_supported(dims.kv_lora, dims.rope)) {
+        throw std::invalid_argument("no MLA attention kernel is compiled for kv_lora_rank " +
+                                    std::to_string(dims.kv_lora) + " and qk_rope_head_dim " +
+                                    std::to_string(dims.rope));
+    }
+    if (static_cast<int>(rope.inv_freq.size()) != dims.rope / 2) {
+        throw std::invalid_argument("rope table has " + std::to_string(rope.inv_freq.size()) + " frequencies, expected " +
+                                    std::to_string(dims.rope / 2));
+    }
+    int count = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&count));
+    if (device < 0 || device >= count) {
+        throw std::invalid_argument("device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
+                                    " CUDA devices)");
+    }
+    CUDA_CHECK(cudaSetDevice(device));
+    max_rows_ = std::max(streams, kPrefillRows);
+    max_steps_ = kDefaultSteps;
+
+    // Memory pre-flight: refuse, with the numbers, a configuration that cannot fit.
+    const size_t weights = Weights::planned_bytes(dims, max_rows_);
+    const size_t kv = static_cast<size_t>(dims.layers) * streams * max_context * dims.latent_row() * 2;
+    const size_t scratch = device_bytes();
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    if (weights + kv + scratch + kHeadroomBytes > free_bytes) {
+        throw std::invalid_argument("model does not fit on device " + std::to_string(device) + ": weights " +
+                                    gib(weights) + " + KV cache " + gib(kv) + " (" + std::to_string(streams) +
+                                    " streams x " + std::to_string(max_context) + " tokens) + scratch " + gib(scratch) +
+                                    " + headroom " + gib(kHeadroomBytes) + " > free " + gib(free_bytes) + " of " +
+                                    gib(total_bytes));
+    }
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    try {
+        weights_ = std::make_unique<Weights>(dims, device, max_rows_, stream_);
+        allocate_buffers();
+    } catch (...) {
+        for (void* p : allocations_) cudaFree(p);
+        weights_.reset();
+        cudaStreamDestroy(stream_);
+        throw;
+    }
+}
+
+Engine::~Engine() {
+    cudaSetDevice(device_);
+    for (auto& [n, g] : graphs_) {
+        cudaGraphExecDestroy(g.exec);
+        cudaGraphDestroy(g.graph);
+    }
+    weights_.reset();
+    for (void* p : allocations_) cudaFree(p);
+    cudaStreamDestroy(stream_);
+}
+
+// Scratch sized for the largest forward (max_rows_ rows) and the widest GEMM.
+size_t Engine::device_bytes() const {
+    const ModelDims& d = dims_;
+    const size_t r = std::max(streams_, kPrefillRows);
+    const size_t mlp = std::max(d.inter, d.shared_inter);
+    size_t bf = r * (3 * d.hidden + d.qkv_a() + d.q_lora + d.heads * d.qk() + d.heads * d.latent_row() +
+                     d.heads * d.kv_lora + d.heads * d.v + mlp + d.hidden) +
+                r * d.topk * d.moe_inter;
+    size_t f32 = r * (d.experts + d.topk + d.vocab);
+    const std::vector<std::array<int, 3>> gemms = {
+        {d.qkv_a(), d.hidden, 1}, {d.heads * d.qk(), d.q_lora, 1}, {d.kv_lora, d.nope, d.heads},
+        {d.v, d.kv_lora, d.heads}, {d.hidden, d.heads * d.v, 1}, {2 * d.inter, d.hidden, 1},
+        {d.hidden, d.inter, 1}, {2 * d.shared_inter, d.hidden, 1}, {d.hidden, d.shared_inter, 1},
+        {d.experts, d.hidden, 1}, {d.vocab, d.hidden, 1}};
+    size_t ws = 0, counters = 0;
+    for (const auto& [n, kk, b] : gemms) {
+        ws = std::max<size_t>(ws, k::gemm_workspace_floats(static_cast<int>(r), n, kk, b));
+        counters = std::max<size_t>(counters, k::gemm_counter_count(n, b));
+    }
+    f32 += ws + k::mla_workspace_floats({d.heads, d.kv_lora, d.rope}, static_cast<int>(r), max_context_);
+    const size_t i32 = r * (d.topk + 1) + counters + 16 * r + static_cast<size_t>(streams_) * kDefaultSteps + 16;
+    return bf * 2 + f32 * 4 + i32 * 4;
+}
+
+void Engine::allocate_buffers() {
+    const ModelDims& d = dims_;
+    const size_t r = max_rows_;
+    auto alloc = [&](size_t bytes) {
+        void* p = nullptr;
+        CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+        allocations_.push_back(p);
+        return p;
+    };
+    auto bf = [&](size_t n) { return static_cast<bf16*>(alloc(n * 2)); };
+    auto f32 = [&](size_t n) { return static_cast<float*>(alloc(n * 4)); };
+    auto i32 = [&](size_t n) { return static_cast<int32_t*>(alloc(n * 4)); };
+    x_ = bf(r * d.hidden);
+    xn_ = bf(r * d.hidden);
+    qkv_ = bf(r * d.qkv_a());
+    qn_ = bf(r * d.q_lora);
+    q_ = bf(r * d.heads * d.qk());
+    q_abs_ = bf(r * d.heads * d.latent_row());
+    o_lat_ = bf(r * d.heads * d.kv_lora);
+    v_out_ = bf(r * d.heads * d.v);
+    delta_ = bf(r * d.hidden);
+    delta2_ = bf(r * d.hidden);
+    act_ = bf(r * std::max(d.inter, d.shared_inter));
+    expert_act_ = bf(r * d.topk * d.moe_inter);
+    hsel_ = bf(r * d.hidden);
+    kv_cache_ = bf(static_cast<size_t>(d.layers) * streams_ * max_context_ * d.latent_row());
+    router_logits_ = f32(r * d.experts);
+    topk_weights_ = f32(r * d.topk);
+    logits_ = f32(r * d.vocab);
+    topk_ids_ = i32(r * d.topk);
+    tokens_ = i32(r);
+    history_ = i32(static_cast<size_t>(streams_) * max_steps_);
+    step_ = i32(1);
+    temperature_ = f32(1);
+    seed_ = static_cast<unsigned long long*>(alloc(8));
+
+    const std::vector<std::array<int, 3>> gemms = {
+        {d.qkv_a(), d.hidden, 1}, {d.heads * d.qk(), d.q_lora, 1}, {d.kv_lora, d.nope, d.heads},
+        {d.v, d.kv_lora, d.heads}, {d.hidden, d.heads * d.v, 1}, {2 * d.inter, d.hidden, 1},
+        {d.hidden, d.inter, 1}, {2 * d.shared_inter, d.hidden, 1}, {d.hidden, d.shared_inter, 1},
+        {d.experts, d.hidden, 1}, {d.vocab, d.hidden, 1}};
+    size_t ws = 0, counters = 0;
+    for (const auto& [n, kk, b] : gemms) {
+        ws = std::max<size_t>(ws, k::gemm_workspace_floats(static_cast<int>(r), n, kk, b));
+        counters = std::max<size_t>(counters, k::gemm_counter_count(n, b));
+    }
+    gemm_ws_ = f32(ws);
+    gemm_counters_ = i32(counters);
+    CUDA_CHECK(cudaMemset(gemm_counters_, 0, std::max<size_t>(counters, 4) * 4));
+    attn_ws_ = f32(k::mla_workspace_floats({d.heads, d.kv_lora, d.rope}, static_cast<int>(r), max_context_));
+    for (RowBuffers* rows : {&eager_rows_, &decode_rows_}) {
+        int32_t* base = i32(9 * r);
+        *rows = RowBuffers{base, base + r, base + 2 * r, base + 3 * r, base + 4 * r,
+                           base + 5 * r, base + 6 * r, base + 7 * r, base + 8 * r};
+    }
+    float* inv_freq = f32(d.rope / 2);
+    CUDA_CHECK(cudaMemcpy(inv_freq, rope_.inv_freq.data(), rope_.inv_freq.size() * 4, cudaMemcpyHostToDevice));
+    rope_device_ = inv_freq;
+}
+
+void Engine::check_rows(const std::vector<int32_t>& streams, const std::vector<int32_t>& positions) const {
+    for (size_t i = 0; i < streams.size(); ++i) {
+        if (streams[i] < 0 || streams[i] >= streams_) {
+            throw std::invalid_argument("row " + std::to_string(i) + ": stream " + std::to_string(streams[i]) +
+                                        " outside 0.." + std::to_string(streams_ - 1));
+        }
+        if (positions[i] < 0 || positions[i] >= max_context_) {
+            throw std::invalid_argument("row " + std::to_string(i) + ": position " + std::to_string(positions[i]) +
+                                        " outside 0.." + std::to_string(max_context_ - 1));
+        }
+    }
+}
+
+void Engine::upload_rows(const RowBuffers& rows, const std::vector<int32_t>& ids, const std::vector<int32_t>& streams,
+                         const std::vector<int32_t>& positions, const std::vector<int32_t>& logit_rows) {
+    const size_t n = ids.size();
+    std::vector<int32_t> host(9 * static_cast<size_t>(max_rows_), 0);
+    for (size_t i = 0; i < n; ++i) {
+        const int32_t start = streams[i] * max_context_;
+        host[i] = ids[i];
+        host[max_rows_ + i] = positions[i];
+        host[2 * max_rows_ + i] = start;
+        host[3 * max_rows_ + i] = positions[i] + 1;
+        host[4 * max_rows_ + i] = start + positions[i];
+        host[5 * max_rows_ + i] = streams[i];
+    }
+    for (size_t j = 0; j < logit_rows.size(); ++j) {
+        host[6 * max_rows_ + j] = logit_rows[j];
+        host[7 * max_rows_ + j] = streams[logit_rows[j]];
+        host[8 * max_rows_ + j] = positions[logit_rows[j]];
+    }
+    CUDA_CHECK(cudaMemcpyAsync(rows.ids, host.data(), host.size() * 4, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void Engine::forward(const RowBuffers& rows, int n, int n_logits, Timeline* timeline) {
+    const ModelDims& d = dims_;
+    const Weights& w = *weights_;
+    cudaStream_t s = stream_;
+    auto op = [&](const char* name, auto&& launch) {
+        if (timeline != nullptr) {
+            timeline->op(name, launch);
+        } else {
+            launch();
+        }
+    };
+    auto gemm = [&](const char* name, const bf16* x, int64_t ldx, const bf16* weight, void* out, int64_t ldo, int rows_m,
+                    int n_out, int k_in, k::GemmEpilogue epi, k::GemmBatch batch = {}) {
+        op(name, [&] {
+            CUDA_CHECK(k::gemm_bf16(x, ldx, weight, out, ldo, rows_m, n_out, k_in, epi, batch, gemm_ws_, gemm_counters_,
+                                    s));
+        });
+    };
+    const k::RopeParams rope{rope_device_, rope_.attention_factor, d.rope, rope_.interleave};
+    const k::MlaDims mla{d.heads, d.kv_lora, d.rope};
+    const size_t layer_cache = static_cast<size_t>(streams_) * max_context_ * d.latent_row();
+
+    op("embed", [&] { CUDA_CHECK(k::gather_rows(x_, d.hidden, w.embed, d.hidden, rows.ids, n, d.hidden, s)); });
+    const bf16* pending = nullptr;   // MLP output not yet added to the residual
+    const bf16* pending2 = nullptr;  // routed-expert output, added in the same fp32 sum
+    for (int l = 0; l < d.layers; ++l) {
+        const LayerWeights& lw = w.layers[l];
+        bf16* cache = kv_cache_ + l * layer_cache;
+        op("norm", [&] {
+            if (pending == nullptr) {
+                CUDA_CHECK(k::rmsnorm(xn_, x_, lw.input_norm, n, d.hidden, d.rms_eps, s));
+            } else {
+                CUDA_CHECK(k::add2_rmsnorm(xn_, x_, pending, pending2, lw.input_norm, n, d.hidden, d.rms_eps, s));
+            }
+        });
+        gemm("q_a+kv_a", xn_, d.hidden, lw.qkv_a, qkv_, d.qkv_a(), n, d.qkv_a(), d.hidden, k::GemmEpilogue::kBf16);
+        op("norm", [&] {
+            CUDA_CHECK(k::rmsnorm_strided(qn_, d.q_lora, qkv_, d.qkv_a(), lw.q_a_norm, n, d.q_lora, d.lora_eps, s));
+        });
+        op("kv_store", [&] {
+            CUDA_CHECK(k::mla_store_kv(cache, rows.slots, qkv_ + d.q_lora, d.qkv_a(), lw.kv_a_norm, d.lora_eps,
+                                       d.kv_lora, rows.positions, n, rope, s));
+        });
+        gemm("q_b", qn_, d.q_lora, lw.q_b, q_, d.heads * d.qk(), n, d.heads * d.qk(), d.q_lora, k::GemmEpilogue::kBf16);
+        gemm("kv_b_absorb_k", q_, d.heads * d.qk(), lw.w_uk_t, q_abs_, d.heads * d.latent_row(), n, d.kv_lora, d.nope,
+             k::GemmEpilogue::kBf16,
+             {d.heads, d.qk(), static_cast<int64_t>(d.kv_lora) * d.nope, d.latent_row()});
+        op("rope_q", [&] {
+            CUDA_CHECK(k::rope_queries(q_abs_, d.heads * d.latent_row(), d.latent_row(), d.kv_lora, q_,
+                                       d.heads * d.qk(), d.qk(), d.nope, rows.positions, n, d.heads, rope, s));
+        });
+        op("attention", [&] {
+            CUDA_CHECK(k::mla_attention(o_lat_, q_abs_, cache, rows.kv_start, rows.kv_len, n, max_context_, mla,
+                                        d.softmax_scale, attn_ws_, s));
+        });
+        gemm("kv_b_absorb_v", o_lat_, d.heads * d.kv_lora, lw.kv_b + static_cast<size_t>(d.nope) * d.kv_lora, v_out_,
+             d.heads * d.v, n, d.v, d.kv_lora, k::GemmEpilogue::kBf16,
+             {d.heads, d.kv_lora, static_cast<int64_t>(d.nope + d.v) * d.kv_lora, d.v});
+        gemm("o_proj", v_out_, d.heads * d.v, lw.o_proj, delta_, d.hidden, n, d.hidden, d.heads * d.v,
+             k::GemmEpilogue::kBf16);
+        op("norm", [&] { CUDA_CHECK(k::add_rmsnorm(xn_, x_, delta_, lw.post_norm, n, d.hidden, d.rms_eps, s)); });
+        if (!d.is_moe(l)) {
+            gemm("mlp_gate_up", xn_, d.hidden, lw.gate_up, act_, d.inter, n, 2 * d.inter, d.hidden,
+                 k::GemmEpilogue::kSiluMul);
+            gemm("mlp_down", act_, d.inter, lw.down, delta_, d.hidden, n, d.hidden, d.inter, k::GemmEpilogue::kBf16);
+            pending = delta_;
+            pending2 = nullptr;
+            continue;
+        }
+        gemm("router", xn_, d.hidden, lw.router, router_logits_, d.experts, n, d.experts, d.hidden,
+             k::GemmEpilogue::kF32);
+        op("router", [&] {
+            CUDA_CHECK(k::route_topk(topk_ids_, topk_weights_, router_logits_, lw.router_bias, n, d.experts, d.topk,
+                                     d.norm_topk_prob, s));
+        });
+        gemm("shared_gate_up", xn_, d.hidden, lw.gate_up, act_, d.shared_inter, n, 2 * d.shared_inter, d.hidden,
+             k::GemmEpilogue::kSiluMul);
+        gemm("shared_down", act_, d.shared_inter, lw.down, delta_, d.hidden, n, d.hidden, d.shared_inter,
+             k::GemmEpilogue::kBf16);
+        op("routed_experts", [&] {
+            if (lw.marlin) {
+                lw.marlin->forward(xn_, topk_ids_, topk_weights_, nullptr, delta2_, n, s);
+            } else {
+                CUDA_CHECK(k::experts_int4_forward(delta2_, expert_act_, xn_, topk_ids_, topk_weights_, n, d.topk,
+                                                   d.routed_scaling_factor, lw.plain, s));
+            }
+        });
+        pending = delta_;
+        pending2 = delta2_;
+    }
+    op("norm", [&] {
+        CUDA_CHECK(k::add2_rmsnorm(xn_, x_, pending, pending2, w.final_norm, n, d.hidden, d.rms_eps, s));
+    });
+    op("gather", [&] { CUDA_CHECK(k::gather_rows(hsel_, d.hidden, xn_, d.hidden, rows.logit_rows, n_logits, d.hidden, s)); });
+    gemm("lm_head", hsel_, d.hidden, w.lm_head, logits_, d.vocab, n_logits, d.vocab, d.hidden, k::GemmEpilogue::kF32);
+}
+
+void Engine::sample(const RowBuffers& rows, int n_logits) {
+    CUDA_CHECK(k::sample_tokens(tokens_, logits_, dims_.vocab, n_logits, dims_.vocab, temperature_, seed_,
+                                rows.logit_stream_ids, rows.logit_positions, stream_));
+}
+
+std::vector<int32_t> Engine::prefill(const std::vector<std::vector<int32_t>>& prompts, float temperature,
+                                     uint64_t seed) {
+    CUDA_CHECK(cudaSetDevice(device_));
+    if (const std::string m = weights_->missing(); !m.empty()) {
+        throw std::invalid_argument("weights are incomplete: '" + m + "' was never uploaded");
+    }
+    if (prompts.empty() || static_cast<int>(prompts.size()) > streams_) {
+        throw std::invalid_argument("prefill takes 1.." + std::to_string(streams_) + " prompts, got " +
+                                    std::to_string(prompts.size()));
+    }
+    CUDA_CHECK(cudaMemcpyAsync(temperature_, &temperature, 4, cudaMemcpyHostToDevice, stream_));
+    const unsigned long long seed_value = seed;
+    CUDA_CHECK(cudaMemcpyAsync(seed_, &seed_value, 8, cudaMemcpyHostToDevice, stream_));
+    std::vector<int32_t> ids, streams, positions;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        if (prompts[i].empty() || static_cast<int>(prompts[i].size()) > max_context_) {
+            throw std::invalid_argument("prompt " + std::to_string(i) + " has " + std::to_string(prompts[i].size()) +
+                                        " tokens; must be 1.." + std::to_string(max_context_));
+        }
+        for (size_t p = 0; p < prompts[i].size(); ++p) {
+            ids.push_back(prompts[i][p]);
+            streams.push_back(static_cast<int32_t>(i));
+            positions.push_back(static_cast<int32_t>(p));
+        }
+    }
+    std::vector<int32_t> first(prompts.size(), 0);
+    for (size_t begin = 0; begin < ids.size(); begin += kPrefillRows) {
+        const size_t end = std::min(ids.size(), begin + kPrefillRows);
+        const std::vector<int32_t> c_ids(ids.begin() + begin, ids.begin() + end);
+        const std::vector<int32_t> c_streams(streams.begin() + begin, streams.begin() + end);
+        const std::vector<int32_t> c_pos(positions.begin() + begin, positions.begin() + end);
+        std::vector<int32_t> last;  // rows holding a prompt's final token
+        for (size_t r = 0; r < c_ids.size(); ++r) {
+            if (c_pos[r] + 1 == static_cast<int32_t>(prompts[c_streams[r]].size())) last.push_back(static_cast<int32_t>(r));
+        }
+        upload_rows(eager_rows_, c_ids, c_streams, c_pos, last);
+        forward(eager_rows_, static_cast<int>(c_ids.size()), static_cast<int>(last.size()), nullptr);
+        if (!last.empty()) {
+            sample(eager_rows_, static_cast<int>(last.size()));
+            std::vector<int32_t> chosen(last.size());
+            CUDA_CHECK(cudaMemcpyAsync(chosen.data(), tokens_, chosen.size() * 4, cudaMemcpyDeviceToHost, stream_));
+            CUDA_CHECK(cudaStreamSynchronize(stream_));
+            for (size_t j = 0; j < last.size(); ++j) first[c_streams[last[j]]] = chosen[j];
+        }
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return first;
+}
+
+void Engine::set_decode_state(const std::vector<int32_t>& ids, const std::vector<int32_t>& positions, int n) {
+    std::vector<int32_t> streams(n), all(n);
+    std::iota(streams.begin(), streams.end(), 0);
+    std::iota(all.begin(), all.end(), 0);
+    upload_rows(decode_rows_, ids, streams, positions, all);
+}
+
+Engine::Graph& Engine::decode_graph(int n) {
+    auto it = graphs_.find(n);
+    if (it != graphs_.end()) {
+        return it->second;
+    }
+    // The logit rows of a decode step are its stream rows; their sampling keys are the live positions.
+    RowBuffers rows = decode_rows_;
+    rows.logit_stream_ids = decode_rows_.stream_ids;
+    rows.logit_positions = decode_rows_.positions;
+    Graph g;
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+    try {
+        forward(rows, n, n, nullptr);
+        sample(rows, n);
+        CUDA_CHECK(k::advance_decode(decode_rows_.ids, decode_rows_.positions, decode_rows_.kv_len, decode_rows_.slots,
+                                     decode_rows_.kv_start, tokens_, history_, max_steps_, step_, n, stream_));
+    } catch (...) {
+        cudaGraph_t broken = nullptr;
+        cudaStreamEndCapture(stream_, &broken);
+        if (broken != nullptr) cudaGraphDestroy(broken);
+        throw;
+    }
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &g.graph));
+    CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
+    return graphs_.emplace(n, g).first->second;
+}
+
+std::vector<std::vector<int32_t>> Engine::decode(const std::vector<int32_t>& first_tokens,
+                                                 const std::vector<int32_t>& prompt_lengths, int steps,
+                                                 float temperature, uint64_t seed) {
+    CUDA_CHECK(cudaSetDevice(device_));
+    const int n = static_cast<int>(first_tokens.size());
+    if (n < 1 || n > streams_ || prompt_lengths.size() != first_tokens.size()) {
+        throw std::invalid_argument("decode takes 1.." + std::to_string(streams_) + " streams");
+    }
+    if (steps < 0 || steps + 1 > max_steps_) {
+        throw std::invalid_argument("decode steps must be in 0.." + std::to_string(max_steps_ - 1));
+    }
+    for (int i = 0; i < n; ++i) {
+        if (prompt_lengths[i] + steps > max_context_) {
+            throw std::invalid_argument("stream " + std::to_string(i) + ": prompt of " +
+                                        std::to_string(prompt_lengths[i]) + " tokens + " + std::to_string(steps) +
+                                        " decode steps exceeds max_context " + std::to_string(max_context_));
+        }
+    }
+    CUDA_CHECK(cudaMemcpyAsync(temperature_, &temperature, 4, cudaMemcpyHostToDevice, stream_));
+    const unsigned long long seed_value = seed;
+    CUDA_CHECK(cudaMemcpyAsync(seed_, &seed_value, 8, cudaMemcpyHostToDevice, stream_));
+    set_decode_state(first_tokens, prompt_lengths, n);
+    // history[s][0] is the prefill token; each replay appends one.
+    std::vector<int32_t> history_init(static_cast<size_t>(n) * max_steps_, 0);
+    for (int i = 0; i < n; ++i) history_init[static_cast<size_t>(i) * max_steps_] = first_tokens[i];
+    const int32_t one = 1;
+    CUDA_CHECK(cudaMemcpyAsync(history_, history_init.data(), history_init.size() * 4, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(step_, &one, 4, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (steps > 0) {
+        Graph& g = decode_graph(n);
+        for (int i = 0; i < steps; ++i) CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+    }
+    CUDA_CHECK(cudaMemcpyAsync(history_init.data(), history_, history_init.size() * 4, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::vector<std::vector<int32_t>> out(n);
+    for (int i = 0; i < n; ++i) {
+        const int32_t* row = history_init.data() + static_cast<size_t>(i) * max_steps_;
+        out[i].assign(row, row + steps + 1);
+    }
+    return out;
+}
+
+std::vector<float> Engine::forward_logits(const std::vector<int32_t>& ids, const std::vector<int32_t>& streams,
+                                          const std::vector<int32_t>& positions) {
+    CUDA_CHECK(cudaSetDevice(device_));
+    const int n = static_cast<int>(ids.size());
+    if (n < 1 || n > max_rows_ || streams.size() != ids.size() || positions.size() != ids.size()) {
+        throw std::invalid_argument("forward_logits takes 1.." + std::to_string(max_rows_) +
+                                    " rows of equal-length ids, streams, positions");
+    }
+    check_rows(streams, positions);
+    std::vector<int32_t> all(n);
+    std::iota(all.begin(), all.end(), 0);
+    upload_rows(eager_rows_, ids, streams, positions, all);
+    forward(eager_rows_, n, n, nullptr);
+    std::vector<float> logits(static_cast<size_t>(n) * dims_.vocab);
+    CUDA_CHECK(cudaMemcpyAsync(logits.data(), logits_, logits.size() * 4, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return logits;
+}
+
+void Engine::randomize_cache(uint64_t seed) {
+    CUDA_CHECK(cudaSetDevice(device_));
+    const size_t count = static_cast<size_t>(dims_.layers) * streams_ * max_context_ * dims_.latent_row();
+    CUDA_CHECK(k::fill_random_bf16(kv_cache_, static_cast<int64_t>(count), seed, 1.f, 0.f, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+std::pair<double, double> Engine::time_decode(int n, const std::vector<int32_t>& positions, int iters) {
+    CUDA_CHECK(cudaSetDevice(device_));
+    if (n < 1 || n > streams_ || static_cast<int>(positions.size()) != n || iters < 1) {
+        throw std::invalid_argument("time_decode: need 1.." + std::to_string(streams_) + " streams, one position each");
+    }
+    for (int32_t p : positions) {
+        if (p < 0 || p + iters + 1 >= max_context_) {
+            throw std::invalid_argument("time_decode: position " + std::to_string(p) + " + iters leaves max_context");
+        }
+    }
+    std::vector<int32_t> ids(n, 1);
+    set_decode_state(ids, positions, n);
+    const int32_t zero = 0;
+    CUDA_CHECK(cudaMemcpyAsync(step_, &zero, 4, cudaMemcpyHostToDevice, stream_));
+    Graph& g = decode_graph(n);
+    CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));  // warm-up
+    set_decode_state(ids, positions, n);
+    CUDA_CHECK(cudaMemcpyAsync(step_, &zero, 4, cudaMemcpyHostToDevice, stream_));
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    CUDA_CHECK(cudaEventRecord(start, stream_));
+    double host = 0.0;
+    for (int i = 0; i < std::min(iters, max_steps_ - 1); ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+        host += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    CUDA_CHECK(cudaEventRecord(stop, stream_));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    const int done = std::min(iters, max_steps_ - 1);
+    return {ms * 1e-3 / done, host / done};
+}
+
+StepProfile Engine::profile_step(int n, const std::vector<int32_t>& positions, int iters) {
+    CUDA_CHECK(cudaSetDevice(device_));
+    if (n < 1 || n > streams_ || static_cast<int>(positions.size()) != n || iters < 1) {
+        throw std::invalid_argument("profile_step: need 1.." + std::to_string(streams_) + " streams, one position each");
+    }
+    std::vector<int32_t> streams(n), ids(n, 1);
+    std::iota(streams.begin(), streams.end(), 0);
+    check_rows(streams, positions);
+    std::map<std::string, double> seconds;
+    for (int i = 0; i <= iters; ++i) {
+        set_decode_state(ids, positions, n);
+        RowBuffers rows = decode_rows_;
+        rows.logit_stream_ids = decode_rows_.stream_ids;
+        rows.logit_positions = decode_rows_.positions;
+        Timeline timeline(stream_);
+        forward(rows, n, n, &timeline);
+        timeline.op("sample", [&] { sample(rows, n); });
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        if (i > 0) timeline.accumulate(seconds);  // the first pass warms up
+    }
+    StepProfile out;
+    for (auto& [name, sec] : seconds) out.emplace_back(name, sec / iters);
+    return out;
+}
+
+}  // namespace ddtree

@@ -1,0 +1,314 @@
+#include "engine_weights.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "cuda_check.h"
+#include "gemm.cuh"
+#include "moe_marlin.cuh"
+#include "moe_repack.h"
+
+namespace ddtree {
+
+namespace k = ddtree::kernels;
+
+namespace {
+
+std::string layer_name(int layer, const char* rest) { return "model.layers." + std::to_string(layer) + "." + rest; }
+
+size_t plain_expert_bytes(const ModelDims& d) {
+    // gate + up [inter, hidden] and down [hidden, inter]: 4-bit weights plus one bf16 scale per 32
+    const size_t per_matrix = static_cast<size_t>(d.moe_inter) * d.hidden;
+    return 3 * (per_matrix / 2 + per_matrix / 32 * 2);
+}
+
+}  // namespace
+
+bool Weights::marlin_supported(const ModelDims& d) {
+    return k::moe::shape_supported(d.hidden, d.moe_inter) && d.experts <= k::moe::kMaxExperts &&
+           d.topk <= k::moe::kMaxTopk;
+}
+
+size_t Weights::planned_bytes(const ModelDims& d, int max_tokens) {
+    const size_t h = d.hidden;
+    size_t elems = 2 * static_cast<size_t>(d.vocab) * h + h;
+    for (int l = 0; l < d.layers; ++l) {
+        elems += 2 * h + static_cast<size_t>(d.qkv_a()) * h + d.q_lora + d.kv_lora;
+        elems += static_cast<size_t>(d.heads) * d.qk() * d.q_lora;
+        elems += static_cast<size_t>(d.heads) * (d.nope + d.v) * d.kv_lora + static_cast<size_t>(d.heads) * d.kv_lora * d.nope;
+        elems += h * d.heads * d.v;
+        const size_t mlp = d.is_moe(l) ? d.shared_inter : d.inter;
+        elems += 3 * mlp * h;
+        if (d.is_moe(l)) {
+            elems += static_cast<size_t>(d.experts) * h + 2 * d.experts;  // router + fp32 bias
+        }
+    }
+    size_t bytes = elems * 2;
+    const int moe_layers = d.layers - d.first_dense;
+    if (moe_layers > 0) {
+        const size_t per_layer =
+            marlin_supported(d)
+                ? d.experts * (k::moe::w13_bytes_per_expert(d.hidden, d.moe_inter) +
+                               k::moe::w2_bytes_per_expert(d.hidden, d.moe_inter)) +
+                      k::moe::workspace_bytes(d.experts, d.hidden, d.moe_inter, d.topk, max_tokens)
+                : d.experts * plain_expert_bytes(d);
+        bytes += per_layer * moe_layers;
+    }
+    return bytes;
+}
+
+Weights::Weights(const ModelDims& d, int device, int max_tokens, cudaStream_t stream)
+    : dims_(d), device_(device), stream_(stream), layers(d.layers), gate_stage_(d.layers), up_stage_(d.layers) {
+    try {
+        const size_t h = d.hidden;
+        embed = alloc_bf16(d.vocab * h);
+        final_norm = alloc_bf16(h);
+        lm_head = alloc_bf16(d.vocab * h);
+        add("model.embed_tokens.weight", embed, d.vocab * h * 2);
+        add("model.norm.weight", final_norm, h * 2);
+        add("lm_head.weight", lm_head, d.vocab * h * 2);
+        for (int l = 0; l < d.layers; ++l) {
+            LayerWeights& w = layers[l];
+            w.input_norm = alloc_bf16(h);
+            w.post_norm = alloc_bf16(h);
+            w.qkv_a = alloc_bf16(static_cast<size_t>(d.qkv_a()) * h);
+            w.q_a_norm = alloc_bf16(d.q_lora);
+            w.kv_a_norm = alloc_bf16(d.kv_lora);
+            w.q_b = alloc_bf16(static_cast<size_t>(d.heads) * d.qk() * d.q_lora);
+            w.kv_b = alloc_bf16(static_cast<size_t>(d.heads) * (d.nope + d.v) * d.kv_lora);
+            w.w_uk_t = alloc_bf16(static_cast<size_t>(d.heads) * d.kv_lora * d.nope);
+            w.o_proj = alloc_bf16(h * d.heads * d.v);
+            add(layer_name(l, "input_layernorm.weight"), w.input_norm, h * 2);
+            add(layer_name(l, "post_attention_layernorm.weight"), w.post_norm, h * 2);
+            add(layer_name(l, "self_attn.q_a_proj.weight"), w.qkv_a, d.q_lora * h * 2);
+            add(layer_name(l, "self_attn.kv_a_proj_with_mqa.weight"), w.qkv_a + d.q_lora * h,
+                (d.kv_lora + d.rope) * h * 2);
+            add(layer_name(l, "self_attn.q_a_layernorm.weight"), w.q_a_norm, d.q_lora * 2);
+            add(layer_name(l, "self_attn.kv_a_layernorm.weight"), w.kv_a_norm, d.kv_lora * 2);
+            add(layer_name(l, "self_attn.q_b_proj.weight"), w.q_b, static_cast<size_t>(d.heads) * d.qk() * d.q_lora * 2);
+            add(layer_name(l, "self_attn.kv_b_proj.weight"), w.kv_b,
+                static_cast<size_t>(d.heads) * (d.nope + d.v) * d.kv_lora * 2, Kind::kKvB, l);
+            add(layer_name(l, "self_attn.o_proj.weight"), w.o_proj, h * d.heads * d.v * 2);
+            const bool moe = d.is_moe(l);
+            const size_t mlp = moe ? d.shared_inter : d.inter;
+            const std::string prefix = moe ? "mlp.shared_experts." : "mlp.";
+            w.gate_up = alloc_bf16(2 * mlp * h);
+            w.down = alloc_bf16(mlp * h);
+            add(layer_name(l, (prefix + "gate_proj.weight").c_str()), w.gate_up, mlp * h * 2, Kind::kGate, l);
+            add(layer_name(l, (prefix + "up_proj.weight").c_str()), w.gate_up, mlp * h * 2, Kind::kUp, l);
+            add(layer_name(l, (prefix + "down_proj.weight").c_str()), w.down, mlp * h * 2);
+            if (!moe) {
+                continue;
+            }
+            w.router = alloc_bf16(static_cast<size_t>(d.experts) * h);
+            w.router_bias = static_cast<float*>(alloc_bytes(d.experts * sizeof(float)));
+            add(layer_name(l, "mlp.gate.weight"), w.router, d.experts * h * 2);
+            add(layer_name(l, "mlp.gate.e_score_correction_bias"), w.router_bias, d.experts * 4, Kind::kBias, l);
+            w.expert_uploaded.assign(d.experts, false);
+            if (marlin_supported(d)) {
+                w.marlin = std::make_unique<MoeLayer>(
+                    MoeLayerShape{d.experts, d.hidden, d.moe_inter, d.topk, max_tokens, d.routed_scaling_factor},
+                    device);
+            } else {
+                const size_t m = static_cast<size_t>(d.experts) * d.moe_inter * h;  // weights per projection
+                w.plain = k::Int4Experts{static_cast<int32_t*>(alloc_bytes(m / 2)), alloc_bf16(m / 32),
+                                         static_cast<int32_t*>(alloc_bytes(m / 2)), alloc_bf16(m / 32),
+                                         static_cast<int32_t*>(alloc_bytes(m / 2)), alloc_bf16(m / 32),
+                                         d.experts, d.hidden, d.moe_inter};
+            }
+        }
+    } catch (...) {
+        for (void* p : allocations_) cudaFree(p);
+        throw;
+    }
+}
+
+Weights::~Weights() {
+    for (void* p : allocations_) cudaFree(p);
+    for (int l = 0; l < dims_.layers; ++l) {
+        cudaFree(gate_stage_[l]);
+        cudaFree(up_stage_[l]);
+    }
+}
+
+void* Weights::alloc_bytes(size_t bytes) {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, bytes));
+    allocations_.push_back(p);
+    return p;
+}
+
+k::bf16* Weights::alloc_bf16(size_t count) { return static_cast<k::bf16*>(alloc_bytes(count * sizeof(k::bf16))); }
+
+void Weights::add(const std::string& name, void* dst, size_t bytes, Kind kind, int layer) {
+    slots_.emplace(name, Slot{dst, bytes, kind, layer});
+}
+
+void Weights::upload(const std::string& name, const void* host, size_t bytes) {
+    auto it = slots_.find(name);
+    if (it == slots_.end()) {
+        throw std::invalid_argument("tensor '" + name + "' is not a tensor of this model (or an expert tensor)");
+    }
+    Slot& slot = it->second;
+    if (bytes != slot.bytes) {
+        throw std::invalid_argument("tensor '" + name + "' has " + std::to_string(bytes) + " bytes, expected " +
+                                    std::to_string(slot.bytes));
+    }
+    CUDA_CHECK(cudaSetDevice(device_));
+    const ModelDims& d = dims_;
+    switch (slot.kind) {
+        case Kind::kPlain:
+        case Kind::kBias:
+            CUDA_CHECK(cudaMemcpy(slot.dst, host, bytes, cudaMemcpyHostToDevice));
+            break;
+        case Kind::kGate:
+        case Kind::kUp: {
+            auto& stage = slot.kind == Kind::kGate ? gate_stage_[slot.layer] : up_stage_[slot.layer];
+            if (stage == nullptr) CUDA_CHECK(cudaMalloc(&stage, bytes));
+            CUDA_CHECK(cudaMemcpy(stage, host, bytes, cudaMemcpyHostToDevice));
+            break;
+        }
+        case Kind::kKvB: {
+            CUDA_CHECK(cudaMemcpy(slot.dst, host, bytes, cudaMemcpyHostToDevice));
+            LayerWeights& w = layers[slot.layer];
+            for (int h = 0; h < d.heads; ++h) {  // W_UK of head h: rows [h*(nope+v), +nope) of kv_b
+                CUDA_CHECK(k::transpose_bf16(w.w_uk_t + static_cast<size_t>(h) * d.kv_lora * d.nope,
+                                             w.kv_b + static_cast<size_t>(h) * (d.nope + d.v) * d.kv_lora, 1, d.nope,
+                                             d.kv_lora, stream_));
+            }
+            CUDA_CHECK(cudaStreamSynchronize(stream_));
+            break;
+        }
+    }
+    slot.uploaded = true;
+    if (slot.kind == Kind::kGate || slot.kind == Kind::kUp) {
+        interleave_if_ready(slot.layer);
+    }
+}
+
+void Weights::interleave_if_ready(int layer) {
+    if (gate_stage_[layer] == nullptr || up_stage_[layer] == nullptr) {
+        return;
+    }
+    const int mlp = dims_.is_moe(layer) ? dims_.shared_inter : dims_.inter;
+    CUDA_CHECK(k::interleave_gate_up(layers[layer].gate_up, gate_stage_[layer], up_stage_[layer], mlp, dims_.hidden,
+                                     stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    CUDA_CHECK(cudaFree(gate_stage_[layer]));
+    CUDA_CHECK(cudaFree(up_stage_[layer]));
+    gate_stage_[layer] = up_stage_[layer] = nullptr;
+}
+
+void Weights::upload_expert(int layer, int expert, const int32_t* gate_packed, const uint16_t* gate_scale,
+                            const int32_t* up_packed, const uint16_t* up_scale, const int32_t* down_packed,
+                            const uint16_t* down_scale) {
+    const ModelDims& d = dims_;
+    if (layer < 0 || layer >= d.layers || !d.is_moe(layer)) {
+        throw std::invalid_argument("layer " + std::to_string(layer) + " has no routed experts");
+    }
+    if (expert < 0 || expert >= d.experts) {
+        throw std::invalid_argument("expert " + std::to_string(expert) + " is outside 0.." +
+                                    std::to_string(d.experts - 1));
+    }
+    CUDA_CHECK(cudaSetDevice(device_));
+    LayerWeights& w = layers[layer];
+    if (w.marlin) {
+        std::vector<uint8_t> w13(moe::repacked_w13_bytes(d.hidden, d.moe_inter));
+        std::vector<uint8_t> w2(moe::repacked_w2_bytes(d.hidden, d.moe_inter));
+        moe::repack_w13({gate_packed, gate_scale}, {up_packed, up_scale}, 1, d.hidden, d.moe_inter, w13.data());
+        moe::repack_w2({down_packed, down_scale}, 1, d.hidden, d.moe_inter, w2.data());
+        w.marlin->set_experts(expert, 1, w13.data(), w2.data(), stream_);
+        CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host buffers die here
+    } else {
+        const size_t m = static_cast<size_t>(d.moe_inter) * d.hidden;
+        const size_t packed = m / 8 * 4, scales = m / 32 * 2;
+        auto copy = [&](const void* dst_base, const void* src, size_t bytes) {
+            CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(const_cast<void*>(dst_base)) + bytes * expert, src, bytes,
+                                  cudaMemcpyHostToDevice));
+        };
+        copy(w.plain.gate_packed, gate_packed, packed);
+        copy(w.plain.gate_scale, gate_scale, scales);
+        copy(w.plain.up_packed, up_packed, packed);
+        copy(w.plain.up_scale, up_scale, scales);
+        copy(w.plain.down_packed, down_packed, packed);
+        copy(w.plain.down_scale, down_scale, scales);
+    }
+    w.expert_uploaded[expert] = true;
+}
+
+void Weights::randomize(uint64_t seed) {
+    CUDA_CHECK(cudaSetDevice(device_));
+    const ModelDims& d = dims_;
+    uint64_t salt = seed * 0x9e3779b97f4a7c15ull;
+    auto fill = [&](k::bf16* p, size_t count, int fan_in) {
+        // uniform with the variance of N(0, 1/fan_in); norm weights (fan_in 0) near 1
+        const float scale = fan_in > 0 ? std::sqrt(3.f / fan_in) : 0.1f;
+        CUDA_CHECK(k::fill_random_bf16(p, count, ++salt, scale, fan_in > 0 ? 0.f : 1.f, stream_));
+    };
+    const size_t h = d.hidden;
+    fill(embed, d.vocab * h, 1);
+    fill(final_norm, h, 0);
+    fill(lm_head, d.vocab * h, d.hidden);
+    for (int l = 0; l < d.layers; ++l) {
+        LayerWeights& w = layers[l];
+        fill(w.input_norm, h, 0);
+        fill(w.post_norm, h, 0);
+        fill(w.qkv_a, d.qkv_a() * h, d.hidden);
+        fill(w.q_a_norm, d.q_lora, 0);
+        fill(w.kv_a_norm, d.kv_lora, 0);
+        fill(w.q_b, static_cast<size_t>(d.heads) * d.qk() * d.q_lora, d.q_lora);
+        fill(w.kv_b, static_cast<size_t>(d.heads) * (d.nope + d.v) * d.kv_lora, d.kv_lora);
+        for (int hd = 0; hd < d.heads; ++hd) {
+            CUDA_CHECK(k::transpose_bf16(w.w_uk_t + static_cast<size_t>(hd) * d.kv_lora * d.nope,
+                                         w.kv_b + static_cast<size_t>(hd) * (d.nope + d.v) * d.kv_lora, 1, d.nope,
+                                         d.kv_lora, stream_));
+        }
+        fill(w.o_proj, h * d.heads * d.v, d.heads * d.v);
+        const size_t mlp = d.is_moe(l) ? d.shared_inter : d.inter;
+        fill(w.gate_up, 2 * mlp * h, d.hidden);
+        fill(w.down, mlp * h, static_cast<int>(mlp));
+        if (!d.is_moe(l)) {
+            continue;
+        }
+        fill(w.router, static_cast<size_t>(d.experts) * h, d.hidden);
+        CUDA_CHECK(cudaMemsetAsync(w.router_bias, 0, d.experts * sizeof(float), stream_));
+        if (w.marlin) {
+            // Bytes in [0x30, 0x3c]: every bf16 scale these bytes can form is finite and small.
+            CUDA_CHECK(k::fill_random_bytes(w.marlin->w13(), w.marlin->w13_bytes_per_expert() * d.experts, ++salt,
+                                            0x30, 0x3c, stream_));
+            CUDA_CHECK(k::fill_random_bytes(w.marlin->w2(), w.marlin->w2_bytes_per_expert() * d.experts, ++salt,
+                                            0x30, 0x3c, stream_));
+        } else {
+            const size_t m = static_cast<size_t>(d.experts) * d.moe_inter * h;
+            for (const k::bf16* scale : {w.plain.gate_scale, w.plain.up_scale, w.plain.down_scale}) {
+                CUDA_CHECK(k::fill_random_bf16(const_cast<k::bf16*>(scale), m / 32, ++salt, 0.005f, 0.01f, stream_));
+            }
+            for (const int32_t* packed : {w.plain.gate_packed, w.plain.up_packed, w.plain.down_packed}) {
+                CUDA_CHECK(k::fill_random_bytes(reinterpret_cast<uint8_t*>(const_cast<int32_t*>(packed)), m / 2,
+                                                ++salt, 0, 255, stream_));
+            }
+        }
+        w.expert_uploaded.assign(d.experts, true);
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (auto& [name, slot] : slots_) slot.uploaded = true;
+    for (int l = 0; l < d.layers; ++l) {
+        cudaFree(gate_stage_[l]);
+        cudaFree(up_stage_[l]);
+        gate_stage_[l] = up_stage_[l] = nullptr;
+    }
+}
+
+std::string Weights::missing() const {
+    for (const auto& [name, slot] : slots_) {
+        if (!slot.uploaded) return name;
+    }
+    for (int l = 0; l < dims_.layers; ++l) {
+        for (int e = 0; e < static_cast<int>(layers[l].expert_uploaded.size()); ++e) {
+            if (!layers[l].expert_uploaded[e]) return layer_name(l, "mlp.experts.") + std::to_string(e);
+        }
+    }
+    return "";
+}
+
+}  // namespace ddtree
