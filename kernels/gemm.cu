@@ -12,11 +12,21 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kRowsPerCta = kWarps * 16;
 constexpr int kSubSteps = 4;  // k32 slices per pipeline step (8 cp.async of 16 B per thread)
 constexpr int kStepK = 32 * kSubSteps;
-constexpr int kStages = 6;    // 6 x 8 x 16 B in flight per thread: 96 KB of weights per CTA
-constexpr int kSmemBytes = kStages * kSubSteps * 2 * kThreads * 16;
-constexpr int kTargetCtas = 528;            // ~4 resident CTAs per SM on a 132-SM H200
+constexpr int kXLd = kStepK + 32;  // activation rows of 320 B in smem: conflict-free 16-byte fragment reads
+constexpr int kTargetCtas = 264;  // one wave of 2 resident CTAs per SM on a 132-SM H200
 constexpr int kMaxSplits = 16;
 constexpr int kMinStepsPerSplit = 4;
+
+// Per token-tile count NT: pipeline depth and shared memory (weights 16 KB + activations 8*NT rows per stage),
+// chosen so two CTAs fit on an SM.
+template <int NT>
+struct Pipe {
+    static constexpr int kStages = NT <= 2 ? 5 : 3;
+    static constexpr int kRows = 8 * NT;
+    static constexpr int kWeightU4 = kSubSteps * 2 * kThreads;  // uint4 per weight stage
+    static constexpr int kXElems = kRows * kXLd;
+    static constexpr int kSmemBytes = kStages * (kWeightU4 * 16 + kXElems * 2);
+};
 
 struct GemmParams {
     const bf16* x;
@@ -63,15 +73,17 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
     const bf16* w_b = w + static_cast<int64_t>(valid_b ? row_b : 0) * p.k;
     const int steps = (p.k + kStepK - 1) / kStepK;
     const int step_begin = split * steps / splits, step_end = (split + 1) * steps / splits;
-    const uint4 zero = make_uint4(0, 0, 0, 0);
 
-
-    // Each thread prefetches exactly the weight fragments it will consume into its own smem slots, so the
-    // cp.async pipeline needs no barriers and its reads are conflict-free (consecutive lanes, 16 B each).
+    // Weights: each thread prefetches exactly the fragments it will consume into its own smem slots
+    // (consecutive lanes, 16 B each: conflict-free). Activations of the CTA's token tile are shared by its
+    // warps, so a barrier per stage publishes them (and frees the stage refilled next).
+    using P = Pipe<NT>;
     extern __shared__ uint4 stage_smem[];
-    uint4* my_stages = stage_smem + threadIdx.x;  // slot (stage, j, half) at [((stage * kSubSteps + j) * 2 + half) * kThreads]
+    uint4* w_smem = stage_smem;
+    bf16* x_smem = reinterpret_cast<bf16*>(stage_smem + P::kStages * P::kWeightU4);
+    int tok0 = 0;
     auto issue = [&](int step) {
-        uint4* dst = my_stages + (step % kStages) * kSubSteps * 2 * kThreads;
+        uint4* dst = w_smem + (step % P::kStages) * P::kWeightU4 + threadIdx.x;
 #pragma unroll
         for (int j = 0; j < kSubSteps; ++j) {
             const int kk = step * kStepK + 32 * j + 8 * t;
@@ -79,24 +91,34 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
             cp_async16_zfill(dst + (2 * j) * kThreads, w_a + (in_k ? kk : 0), valid_a && in_k);
             cp_async16_zfill(dst + (2 * j + 1) * kThreads, w_b + (in_k ? kk : 0), valid_b && in_k);
         }
+        bf16* xs = x_smem + (step % P::kStages) * P::kXElems;
+        for (int c = threadIdx.x; c < P::kRows * (kStepK / 8); c += kThreads) {
+            const int r = c / (kStepK / 8), kk = step * kStepK + (c % (kStepK / 8)) * 8;
+            const int tok = tok0 + r;
+            const bool valid = tok < p.m && kk < p.k;
+            cp_async16_zfill(xs + r * kXLd + (c % (kStepK / 8)) * 8,
+                             x + static_cast<int64_t>(valid ? tok : 0) * p.ldx + (valid ? kk : 0), valid);
+        }
     };
 
-    for (int tok0 = 0; tok0 < p.m; tok0 += 8 * NT) {
+    for (; tok0 < p.m; tok0 += P::kRows) {
         float acc[NT][4];
 #pragma unroll
         for (int i = 0; i < NT; ++i) {
             acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
         }
 #pragma unroll
-        for (int s = 0; s < kStages - 1; ++s) {
+        for (int s = 0; s < P::kStages - 1; ++s) {
             if (step_begin + s < step_end) issue(step_begin + s);
             cp_async_commit();
         }
         for (int step = step_begin; step < step_end; ++step) {
-            if (step + kStages - 1 < step_end) issue(step + kStages - 1);
+            cp_async_wait<P::kStages - 2>();
+            __syncthreads();
+            if (step + P::kStages - 1 < step_end) issue(step + P::kStages - 1);
             cp_async_commit();
-            cp_async_wait<kStages - 1>();
-            const uint4* src = my_stages + (step % kStages) * kSubSteps * 2 * kThreads;
+            const uint4* src = w_smem + (step % P::kStages) * P::kWeightU4 + threadIdx.x;
+            const bf16* xs = x_smem + (step % P::kStages) * P::kXElems;
             uint4 wa[kSubSteps], wb[kSubSteps];
 #pragma unroll
             for (int j = 0; j < kSubSteps; ++j) {
@@ -105,21 +127,18 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
             }
 #pragma unroll
             for (int i = 0; i < NT; ++i) {
-                const int tok = tok0 + 8 * i + g;
-                const bf16* x_row = x + static_cast<int64_t>(tok < p.m ? tok : 0) * p.ldx;
 #pragma unroll
                 for (int j = 0; j < kSubSteps; ++j) {
                     // Each thread's 8 consecutive k feed slots {2t,2t+1,2t+8,2t+9} of two k16 MMAs; weights
                     // and activations use the same permutation, so the dot products are unchanged.
-                    const int kk = step * kStepK + 32 * j + 8 * t;
-                    const uint4 xa = (tok < p.m && kk < p.k) ? __ldg(reinterpret_cast<const uint4*>(x_row + kk))
-                                                             : zero;
+                    const uint4 xa = *reinterpret_cast<const uint4*>(xs + (8 * i + g) * kXLd + 32 * j + 8 * t);
                     mma_bf16_16816(acc[i], wa[j].x, wb[j].x, wa[j].y, wb[j].y, xa.x, xa.y);
                     mma_bf16_16816(acc[i], wa[j].z, wb[j].z, wa[j].w, wb[j].w, xa.z, xa.w);
                 }
             }
         }
         cp_async_wait<0>();
+        __syncthreads();  // the next token tile refills every stage
 #pragma unroll
         for (int i = 0; i < NT; ++i) {
             const int tok = tok0 + 8 * i + 2 * t;
@@ -193,11 +212,9 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
 
 template <int NT, GemmEpilogue E>
 cudaError_t launch_nt(const GemmParams& p, dim3 grid, cudaStream_t stream) {
-    // Opting in to > 48 KB of dynamic smem is per function; it is cheap, so done on every launch (outside
-    // graph capture it is a host-side attribute set; inside capture it is not recorded as a node).
-    DDTREE_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(gemm_kernel<NT, E>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    gemm_kernel<NT, E><<<grid, kThreads, kSmemBytes, stream>>>(p);
+    static std::atomic<uint64_t> configured{0};
+    DDTREE_RETURN_IF_ERROR(opt_in_smem(gemm_kernel<NT, E>, Pipe<NT>::kSmemBytes, configured));
+    gemm_kernel<NT, E><<<grid, kThreads, Pipe<NT>::kSmemBytes, stream>>>(p);
     return cudaGetLastError();
 }
 

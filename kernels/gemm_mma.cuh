@@ -1,5 +1,6 @@
 // Device helpers shared by the tensor-core kernels (gemm, mla_attn): mma.sync, ldmatrix, cp.async, loads.
 #pragma once
+#include <atomic>
 #include <cstdint>
 
 #include "common.cuh"
@@ -75,6 +76,21 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void* 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Opts `kernel` in to `bytes` of dynamic shared memory once per device (the attribute belongs to the function
+// on each device); `done` is the caller's per-kernel record, so later launches, CUDA-graph captures included,
+// make no attribute call.
+template <typename Kernel>
+inline cudaError_t opt_in_smem(Kernel* kernel, int bytes, std::atomic<uint64_t>& done) {
+    int device = 0;
+    DDTREE_RETURN_IF_ERROR(cudaGetDevice(&device));
+    const uint64_t bit = uint64_t{1} << (device & 63);
+    if ((done.load() & bit) == 0) {
+        DDTREE_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+        done.fetch_or(bit);
+    }
+    return cudaSuccess;
 }
 
 }  // namespace ddtree::kernels

@@ -10,6 +10,7 @@ namespace {
 
 constexpr int kHeads = 64;      // heads per CTA: four m16 tiles
 constexpr int kWarps = 16;      // S: 4 head tiles x 4 key octets; PV: 4 head tiles x 4 latent column quarters
+static_assert(kWarps * 32 == kHeads * 8, "softmax: 8 threads per head row");
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileKeys = 32;
 constexpr int kStages = 3;
@@ -91,15 +92,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         cp_async_commit();
         const bf16* kvs = s_kv + (tile % kStages) * kTileKeys * LD;
 
-        // Scores for heads 16*mt.. and keys 8*sub.. of this tile, over the whole latent + rope dim.
-        float s[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
+        // Scores for heads 16*mt.. and keys 8*sub.. of this tile, over the whole latent + rope dim: four
+        // independent MMA chains (k16 step i feeds chain i % 4), summed in a fixed order.
+        float acc4[4][4] = {};
+#pragma unroll
         for (int kk = 0; kk < D; kk += 16) {
             uint32_t a[4], b[2];
             ldmatrix_x4(a, s_q + (16 * mt + lane % 16) * LD + kk + (lane / 16) * 8);
             ldmatrix_x2(b, kvs + (8 * sub + lane % 8) * LD + kk + ((lane / 8) % 2) * 8);
-            mma_bf16_16816(s, a[0], a[1], a[2], a[3], b[0], b[1]);
+            mma_bf16_16816(acc4[(kk / 16) % 4], a[0], a[1], a[2], a[3], b[0], b[1]);
         }
+        float s[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[i] = (acc4[0][i] + acc4[1][i]) + (acc4[2][i] + acc4[3][i]);
         const int key = 8 * sub + 2 * t;
         const bool v0 = tile * kTileKeys + key < nkeys, v1 = tile * kTileKeys + key + 1 < nkeys;
         s_s[(16 * mt + g) * kSLd + key] = v0 ? s[0] * scale_log2 : -INFINITY;
@@ -108,21 +113,38 @@ __global__ void __launch_bounds__(kThreads, 1)
         s_s[(16 * mt + g + 8) * kSLd + key + 1] = v1 ? s[3] * scale_log2 : -INFINITY;
         __syncthreads();
 
-        // Online softmax, one thread per head row (base-2 exponent; the scale already holds log2(e)).
-        if (tid < kHeads) {
-            const float m_old = s_m[tid];
-            float m_new = m_old;
-            for (int j = 0; j < kTileKeys; ++j) m_new = fmaxf(m_new, s_s[tid * kSLd + j]);
-            float sum = 0.f;
-            for (int j = 0; j < kTileKeys; ++j) {
-                const float p = exp2f(s_s[tid * kSLd + j] - m_new);
-                sum += p;
-                s_p[tid * kPLd + j] = __float2bfloat16(p);
+        // Online softmax: 8 threads per head row, 4 keys each; base-2 exponent (the scale holds log2(e)).
+        {
+            constexpr int kPer = kTileKeys / 8;
+            const int r = tid / 8, part = tid % 8;
+            const float m_old = s_m[r];
+            float v[kPer], m_new = m_old;
+#pragma unroll
+            for (int j = 0; j < kPer; ++j) {
+                v[j] = s_s[r * kSLd + part * kPer + j];
+                m_new = fmaxf(m_new, v[j]);
             }
-            const float alpha = exp2f(m_old - m_new);
-            s_l[tid] = s_l[tid] * alpha + sum;
-            s_m[tid] = m_new;
-            s_alpha[tid] = alpha;
+#pragma unroll
+            for (int offset = 1; offset < 8; offset <<= 1) {
+                m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, offset));
+            }
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < kPer; ++j) {
+                const float p = exp2f(v[j] - m_new);
+                sum += p;
+                s_p[r * kPLd + part * kPer + j] = __float2bfloat16(p);
+            }
+#pragma unroll
+            for (int offset = 1; offset < 8; offset <<= 1) {
+                sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+            }
+            if (part == 0) {
+                const float alpha = exp2f(m_old - m_new);
+                s_l[r] = s_l[r] * alpha + sum;
+                s_m[r] = m_new;
+                s_alpha[r] = alpha;
+            }
         }
         __syncthreads();
 
@@ -201,8 +223,8 @@ cudaError_t launch(bf16* out, const bf16* q, const bf16* cache, const int32_t* k
     const int max_chunks = (max_len + kMlaChunk - 1) / kMlaChunk;
     float* part_o = workspace;
     float* part_ml = workspace + static_cast<int64_t>(rows) * max_chunks * heads * DL;
-    DDTREE_RETURN_IF_ERROR(cudaFuncSetAttribute(mla_chunk_kernel<DL, DR>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, L::bytes));
+    static std::atomic<uint64_t> configured{0};
+    DDTREE_RETURN_IF_ERROR(opt_in_smem(mla_chunk_kernel<DL, DR>, static_cast<int>(L::bytes), configured));
     const dim3 grid(max_chunks, rows, (heads + kHeads - 1) / kHeads);
     mla_chunk_kernel<DL, DR><<<grid, kThreads, L::bytes, stream>>>(q, cache, kv_start, kv_len, heads,
                                                                    softmax_scale * kLog2e, part_o, part_ml,

@@ -2,9 +2,10 @@
 // the fixed-order top-k combine, and the device dequantization oracle. Layout: see moe_marlin.cuh.
 //
 // Schedule: a persistent grid pulls units (token block, stripe) from a counter that moe_align resets;
-// each unit streams its contiguous weight stripe once through a cp.async ring (evict-first in L2)
-// together with the gathered activations of up to 64 tokens. The stage count per unit follows the
-// unit's token count (fewer tokens -> deeper weight pipeline). Which CTA runs a unit, and how many
+// each unit streams its contiguous weight stripe once through a shared-memory ring: one bulk copy (TMA,
+// cp.async.bulk) per 9 KB stage chunk, completing on that slot's mbarrier and marked evict-first in L2,
+// and the gathered activations of up to 64 tokens by per-thread cp.async. The stage count per unit follows
+// the unit's token count (fewer tokens -> deeper weight pipeline). Which CTA runs a unit, and how many
 // token columns it pads to, never changes the arithmetic of a column, so results are batch invariant.
 #include "moe_marlin.cuh"
 
@@ -27,15 +28,35 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ uint64_t evict_first_policy() {
-    uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-    return policy;
+// L2 policy "evict first, whole line" (the value createpolicy.fractional.L2::evict_first 1.0 yields, as
+// CUTLASS also passes it). Weights are read once per call, so they should not push activations out of L2.
+// A constant, not createpolicy: with ptxas 13.0 the createpolicy form of a hinted copy referenced uniform
+// registers that were never written (seen in the SASS; it faulted on an H200).
+constexpr uint64_t kL2EvictFirst = 0x12F0000000000000ull;
+constexpr int kMaxStages = 10;
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)));
 }
 
-__device__ __forceinline__ void cp_async_weights(void* dst, const void* src, uint64_t policy) {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-                 "l"(policy));
+// Waits until phase `parity` of the barrier completed; the completed bulk copy is then visible to this thread.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+    asm volatile(
+        "{\n .reg .pred done;\n WAIT_PHASE:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        " @!done bra WAIT_PHASE;\n}\n" ::"r"(smem_u32(bar)),
+        "r"(parity)
+        : "memory");
+}
+
+// One thread: arms `bar` for `bytes` and starts one bulk copy global -> shared that completes on it.
+__device__ __forceinline__ void bulk_load_weights(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
+            smem_u32(dst)),
+        "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(kL2EvictFirst)
+        : "memory");
 }
 
 // Copies 16 bytes, or writes 16 zero bytes when !valid (src is then never read).
@@ -68,6 +89,13 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
 __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
 __device__ __forceinline__ __nv_bfloat162 as_bf16x2(uint32_t v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
 
+// (a & mask) | bits as one LOP3; written out because the compiler emits an AND and an OR for it.
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t mask, uint32_t bits) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(mask), "r"(bits));
+    return d;
+}
+
 // One k16 step of one lane's A fragment: nibble pairs (i, i + 4) become the two bf16 halves of register
 // i. OR-ing a nibble into the mantissa of 128.0 gives exactly 128 + q; subtracting 136 gives q - 8
 // exactly; one rounded multiply gives bf16((q - 8) * s).
@@ -77,7 +105,7 @@ __device__ __forceinline__ void dequant_k16(uint32_t q, __nv_bfloat162 s_lo, __n
     const __nv_bfloat162 bias = __float2bfloat162_rn(136.f);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const __nv_bfloat162 v = __hsub2_rn(as_bf16x2(((q >> (4 * i)) & kMask) | kMagic), bias);
+        const __nv_bfloat162 v = __hsub2_rn(as_bf16x2(and_or(q >> (4 * i), kMask, kMagic)), bias);
         a[i] = bf16x2_bits(__hmul2_rn(v, (i & 1) ? s_hi : s_lo));
     }
 }
@@ -95,7 +123,6 @@ struct GemmParams {
     const bf16* act_in;       // GEMM1: hidden [tokens, k]; GEMM2: act [pairs, k]
     int k;                    // reduction length
     int stripes;              // stripes per expert
-    bool gather_by_token;     // GEMM1 reads row pair / topk, GEMM2 row pair
     int topk;
     const int* sorted_pairs;
     const int4* blocks;
@@ -110,35 +137,39 @@ struct GemmParams {
 };
 
 struct UnitShared {
-    int unit;
-    int pairs[kBlockTokens];   // -1 pads the block
+    uint64_t full[kMaxStages];         // per ring slot: the stage's weight chunk has landed
+    const bf16* rows[kBlockTokens];    // activation row to gather (token or pair), nullptr pads
+    int pairs[kBlockTokens];           // -1 pads the block
     float weight[kBlockTokens];
+    int unit;
 };
 
+// phase_bits: bit s = parity of the next completion of ring slot s's barrier; every thread keeps the same copy
+// across units (a unit consumes every stage it loads, so no copy is in flight between units).
 template <int NT, bool kGateUp>
-__device__ void run_unit(const GemmParams& p, const int4 blk, int stripe, uint8_t* ring, const UnitShared& us,
-                         uint64_t policy) {
+__device__ void run_unit(const GemmParams& p, const int4 blk, int stripe, uint8_t* ring, UnitShared& us,
+                         uint32_t& phase_bits) {
     constexpr int kStages = stage_count(NT);
     constexpr int kSlotBytes = kStageBytes + act_stage_bytes(NT);
     constexpr int kRows = NT * 8;
+    constexpr int kActChunks = kRows * (kActRowBytes / 16);
+    static_assert(kStages <= kMaxStages && kSlotBytes % 16 == 0, "ring slots must be 16-byte aligned");
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int nk = p.k / kStageK;
     const uint8_t* wsrc = p.weights + (static_cast<size_t>(blk.x) * p.stripes + stripe) * nk * kStageBytes;
 
-    auto load_stage = [&](int ks, int slot) {
-        uint8_t* dst = ring + slot * kSlotBytes;
-        const uint8_t* src = wsrc + static_cast<size_t>(ks) * kStageBytes;
-        for (int c = tid; c < kStageBytes / 16; c += kThreads) {
-            cp_async_weights(dst + c * 16, src + c * 16, policy);
-        }
-        uint8_t* adst = dst + kStageBytes;
-        for (int c = tid; c < kRows * (kActRowBytes / 16); c += kThreads) {
-            const int r = c / (kActRowBytes / 16), ch = c % (kActRowBytes / 16);
-            const int pair = us.pairs[r];
-            const int row = pair < 0 ? 0 : (p.gather_by_token ? pair / p.topk : pair);
-            const bf16* src_row = p.act_in + static_cast<size_t>(row) * p.k + ks * kStageK + ch * 8;
-            // 16-byte chunks of a token row are XOR-swizzled by row so ldmatrix reads are conflict-free.
-            cp_async_or_zero(adst + r * kActRowBytes + ((ch ^ (r & 7)) * 16), src_row, pair >= 0);
+    auto load_act = [&](int ks, int slot) {
+        uint8_t* adst = ring + slot * kSlotBytes + kStageBytes;
+#pragma unroll
+        for (int i = 0; i < (kActChunks + kThreads - 1) / kThreads; ++i) {
+            const int c = tid + i * kThreads;
+            if (kActChunks % kThreads == 0 || c < kActChunks) {
+                const int r = c / (kActRowBytes / 16), ch = c % (kActRowBytes / 16);
+                const bf16* row = us.rows[r];
+                // 16-byte chunks of a token row are XOR-swizzled by row so ldmatrix reads are conflict-free.
+                cp_async_or_zero(adst + r * kActRowBytes + ((ch ^ (r & 7)) * 16),
+                                 (row ? row : p.act_in) + ks * kStageK + ch * 8, row != nullptr);
+            }
         }
     };
 
@@ -149,22 +180,47 @@ __device__ void run_unit(const GemmParams& p, const int4 blk, int stripe, uint8_
         for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
     }
 
+    // The weight prologue depends only on the expert: it streams while the unit's token list is read.
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < kStages - 1; ++s) {
+            if (s < nk) bulk_load_weights(ring + s * kSlotBytes, wsrc + static_cast<size_t>(s) * kStageBytes,
+                                          kStageBytes, &us.full[s]);
+        }
+    }
+    if (tid < kBlockTokens) {
+        const int pair = tid < blk.z ? p.sorted_pairs[blk.y + tid] : -1;
+        us.pairs[tid] = pair;
+        us.rows[tid] = pair < 0 ? nullptr : p.act_in + static_cast<size_t>(kGateUp ? pair / p.topk : pair) * p.k;
+        if (!kGateUp) us.weight[tid] = pair < 0 ? 0.f : p.topk_weights[pair] * p.scaling;
+    }
+    __syncthreads();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-        if (s < nk) load_stage(s, s);
+        if (s < nk) load_act(s, s);
         cp_async_commit();
     }
 
     const int g = lane / 4;
     for (int ks = 0; ks < nk; ++ks) {
+        const int cur = ks % kStages;
         cp_async_wait<kStages - 2>();
-        __syncthreads();
+        mbar_wait(&us.full[cur], (phase_bits >> cur) & 1u);
+        phase_bits ^= 1u << cur;
+        __syncthreads();  // every thread's activation chunks landed; the slot refilled below is free
         {
             const int next = ks + kStages - 1;
-            if (next < nk) load_stage(next, next % kStages);
+            if (next < nk) {
+                uint8_t* dst = ring + (next % kStages) * kSlotBytes;
+                if (tid == 0) {
+                    bulk_load_weights(dst, wsrc + static_cast<size_t>(next) * kStageBytes, kStageBytes,
+                                      &us.full[next % kStages]);
+                }
+                load_act(next, next % kStages);
+            }
             cp_async_commit();
         }
-        const uint8_t* slot = ring + (ks % kStages) * kSlotBytes;
+        const uint8_t* slot = ring + cur * kSlotBytes;
         const uint4 sc = *reinterpret_cast<const uint4*>(slot + kStageWeightBytes + (warp * 8 + g) * 16);
         const uint8_t* act = slot + kStageBytes;
 #pragma unroll
@@ -237,6 +293,8 @@ __device__ void run_unit(const GemmParams& p, const int4 blk, int stripe, uint8_
             }
         }
     }
+    // The next unit's bulk copies (async proxy) overwrite the tile written here by ordinary stores.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();  // tile and unit data are reused by the next unit
 }
 
@@ -244,31 +302,32 @@ template <bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(const GemmParams p) {
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ UnitShared us;
-    const uint64_t policy = evict_first_policy();
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < kMaxStages; ++s) mbar_init(&us.full[s]);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
     const int total = *p.num_blocks * p.stripes;
+    uint32_t phase_bits = 0;
+    int claimed = 0;  // thread 0: the unit this CTA runs next
+    if (threadIdx.x == 0) claimed = atomicAdd(p.next_unit, 1);
     for (;;) {
-        if (threadIdx.x == 0) us.unit = atomicAdd(p.next_unit, 1);
+        if (threadIdx.x == 0) us.unit = claimed;
         __syncthreads();
         const int unit = us.unit;
         if (unit >= total) break;
+        // Claim the following unit now, so the atomic's latency hides behind this unit's stream.
+        if (threadIdx.x == 0) claimed = atomicAdd(p.next_unit, 1);
         const int4 blk = p.blocks[unit / p.stripes];
         const int stripe = unit % p.stripes;
-        if (threadIdx.x < kBlockTokens) {
-            const int r = threadIdx.x;
-            const int pair = r < blk.z ? p.sorted_pairs[blk.y + r] : -1;
-            us.pairs[r] = pair;
-            if (!kGateUp) us.weight[r] = pair < 0 ? 0.f : p.topk_weights[pair] * p.scaling;
-        }
-        __syncthreads();
         switch ((blk.z + 7) / 8) {
-            case 1: run_unit<1, kGateUp>(p, blk, stripe, ring, us, policy); break;
-            case 2: run_unit<2, kGateUp>(p, blk, stripe, ring, us, policy); break;
-            case 3: run_unit<3, kGateUp>(p, blk, stripe, ring, us, policy); break;
-            case 4: run_unit<4, kGateUp>(p, blk, stripe, ring, us, policy); break;
-            case 5: run_unit<5, kGateUp>(p, blk, stripe, ring, us, policy); break;
-            case 6: run_unit<6, kGateUp>(p, blk, stripe, ring, us, policy); break;
-            case 7: run_unit<7, kGateUp>(p, blk, stripe, ring, us, policy); break;
-            default: run_unit<8, kGateUp>(p, blk, stripe, ring, us, policy); break;
+            case 1: run_unit<1, kGateUp>(p, blk, stripe, ring, us, phase_bits); break;
+            case 2: run_unit<2, kGateUp>(p, blk, stripe, ring, us, phase_bits); break;
+            case 3: run_unit<3, kGateUp>(p, blk, stripe, ring, us, phase_bits); break;
+            case 4: run_unit<4, kGateUp>(p, blk, stripe, ring, us, phase_bits); break;
+            case 5: run_unit<5, kGateUp>(p, blk, stripe, ring, us, phase_bits); break;
+            case 6: run_unit<6, kGateUp>(p, blk, stripe, ring, us, phase_bits); break;
+            case 7: run_unit<7, kGateUp>(p, blk, stripe, ring, us, phase_bits); break;
+            default: run_unit<8, kGateUp>(p, blk, stripe, ring, us, phase_bits); break;
         }
     }
 }
@@ -402,7 +461,6 @@ cudaError_t moe_forward(const MoeArgs& a, const Workspace& ws, int gemm_ctas, cu
     p.act_in = a.hidden_states;
     p.k = a.hidden;
     p.stripes = 2 * a.inter / kStripeRows;
-    p.gather_by_token = true;
     p.next_unit = ws.counters + 1;
     moe_gemm_kernel<true><<<gemm_ctas, kThreads, kRingBytes, stream>>>(p);
     DDTREE_RETURN_IF_ERROR(cudaGetLastError());
@@ -411,7 +469,6 @@ cudaError_t moe_forward(const MoeArgs& a, const Workspace& ws, int gemm_ctas, cu
     p.act_in = ws.act;
     p.k = a.inter;
     p.stripes = a.hidden / kStripeRows;
-    p.gather_by_token = false;
     p.next_unit = ws.counters + 2;
     moe_gemm_kernel<false><<<gemm_ctas, kThreads, kRingBytes, stream>>>(p);
     DDTREE_RETURN_IF_ERROR(cudaGetLastError());

@@ -23,6 +23,10 @@ namespace k = ddtree::kernels;
 namespace ddtree {
 namespace {
 
+// Stream the entry points launch on (0: the legacy default stream). Benchmarks point it at a torch stream
+// to capture the launches into a CUDA graph.
+cudaStream_t launch_stream = nullptr;
+
 int dim(const CudaArray& a, size_t i) { return static_cast<int>(a.shape(i)); }
 
 k::GemmEpilogue parse_epilogue(const std::string& name) {
@@ -58,7 +62,7 @@ void gemm(CudaArray out, CudaArray x, CudaArray w, const std::string& epilogue, 
     }
     const k::GemmBatch b{batch, kk, static_cast<int64_t>(n) * kk, n_out};
     CUDA_CHECK(k::gemm_bf16(x_p, static_cast<int64_t>(batch) * kk, w_p, out_p, static_cast<int64_t>(batch) * n_out, m,
-                            n, kk, epi, b, ws, ctr, nullptr));
+                            n, kk, epi, b, ws, ctr, launch_stream));
 }
 
 void gather_rows(CudaArray out, CudaArray table, CudaArray ids) {
@@ -66,7 +70,7 @@ void gather_rows(CudaArray out, CudaArray table, CudaArray ids) {
     const int rows = dim(ids, 0), d = dim(table, 1);
     CUDA_CHECK(k::gather_rows(checked<k::bf16>(out, "out", DType::bf16, {rows, d}), d,
                               checked<const k::bf16>(table, "table", DType::bf16, {-1, d}), d,
-                              checked<const int32_t>(ids, "ids", DType::i32, {rows}), rows, d, nullptr));
+                              checked<const int32_t>(ids, "ids", DType::i32, {rows}), rows, d, launch_stream));
 }
 
 k::RopeParams rope_params(CudaArray& inv_freq, float attention_factor, bool interleave) {
@@ -88,7 +92,7 @@ void rope_queries(CudaArray out, int out_offset, CudaArray q, int q_offset, Cuda
                                checked<const k::bf16>(q, "q", DType::bf16, {rows, heads, dq}),
                                static_cast<int64_t>(heads) * dq, dq, q_offset,
                                checked<const int32_t>(positions, "positions", DType::i32, {rows}), rows, heads, rope,
-                               nullptr));
+                               launch_stream));
 }
 
 void mla_store_kv(CudaArray cache, CudaArray slots, CudaArray kv_a, CudaArray norm_weight, float eps,
@@ -101,7 +105,7 @@ void mla_store_kv(CudaArray cache, CudaArray slots, CudaArray kv_a, CudaArray no
                                checked<const int32_t>(slots, "slots", DType::i32, {rows}),
                                checked<const k::bf16>(kv_a, "kv_a", DType::bf16, {rows, row_len}), row_len,
                                checked<const k::bf16>(norm_weight, "norm_weight", DType::bf16, {kv_lora}), eps, kv_lora,
-                               checked<const int32_t>(positions, "positions", DType::i32, {rows}), rows, rope, nullptr));
+                               checked<const int32_t>(positions, "positions", DType::i32, {rows}), rows, rope, launch_stream));
 }
 
 void mla_attention(CudaArray out, CudaArray q, CudaArray cache, CudaArray kv_start, CudaArray kv_len, int max_len,
@@ -121,7 +125,7 @@ void mla_attention(CudaArray out, CudaArray q, CudaArray cache, CudaArray kv_sta
                                 checked<const k::bf16>(cache, "cache", DType::bf16, {-1, d}),
                                 checked<const int32_t>(kv_start, "kv_start", DType::i32, {rows}),
                                 checked<const int32_t>(kv_len, "kv_len", DType::i32, {rows}), rows, max_len, dims,
-                                softmax_scale, ws, nullptr));
+                                softmax_scale, ws, launch_stream));
 }
 
 void route_topk(CudaArray ids, CudaArray weights, CudaArray logits, CudaArray bias, bool normalize) {
@@ -131,7 +135,7 @@ void route_topk(CudaArray ids, CudaArray weights, CudaArray logits, CudaArray bi
                              checked<float>(weights, "weights", DType::f32, {tokens, topk}),
                              checked<const float>(logits, "logits", DType::f32, {tokens, experts}),
                              checked<const float>(bias, "bias", DType::f32, {experts}), tokens, experts, topk,
-                             normalize, nullptr));
+                             normalize, launch_stream));
 }
 
 void sample_tokens(CudaArray tokens, CudaArray logits, CudaArray temperature, CudaArray seed, CudaArray stream_ids,
@@ -143,7 +147,7 @@ void sample_tokens(CudaArray tokens, CudaArray logits, CudaArray temperature, Cu
                                 checked<const float>(temperature, "temperature", DType::f32, {1}),
                                 checked<const unsigned long long>(seed, "seed", DType::i64, {1}),
                                 checked<const int32_t>(stream_ids, "stream_ids", DType::i32, {rows}),
-                                checked<const int32_t>(positions, "positions", DType::i32, {rows}), nullptr));
+                                checked<const int32_t>(positions, "positions", DType::i32, {rows}), launch_stream));
 }
 
 void add2_rmsnorm(CudaArray out, CudaArray residual, CudaArray delta, CudaArray delta2, CudaArray weight, float eps) {
@@ -153,7 +157,7 @@ void add2_rmsnorm(CudaArray out, CudaArray residual, CudaArray delta, CudaArray 
                                checked<k::bf16>(residual, "residual", DType::bf16, {rows, d}),
                                checked<const k::bf16>(delta, "delta", DType::bf16, {rows, d}),
                                checked<const k::bf16>(delta2, "delta2", DType::bf16, {rows, d}),
-                               checked<const k::bf16>(weight, "weight", DType::bf16, {d}), rows, d, eps, nullptr));
+                               checked<const k::bf16>(weight, "weight", DType::bf16, {d}), rows, d, eps, launch_stream));
 }
 
 // Routed experts in checkpoint layout: packed int32 [E, out, in/8], scale bf16 [E, out, in/32].
@@ -177,12 +181,15 @@ void experts_int4(CudaArray out, CudaArray act, CudaArray x, CudaArray ids, Cuda
                                        checked<const k::bf16>(x, "x", DType::bf16, {tokens, hidden}),
                                        checked<const int32_t>(ids, "ids", DType::i32, {tokens, topk}),
                                        checked<const float>(weights, "weights", DType::f32, {tokens, topk}), tokens,
-                                       topk, scaling, w, nullptr));
+                                       topk, scaling, w, launch_stream));
 }
 
 }  // namespace
 
 void bind_engine_kernels(nb::module_& kernels) {
+    kernels.def(
+        "use_stream", [](uintptr_t handle) { launch_stream = reinterpret_cast<cudaStream_t>(handle); },
+        nb::arg("handle"), "Launch the engine-kernel entry points on this CUDA stream (0: default stream).");
     kernels.def("gemm", &gemm, nb::arg("out"), nb::arg("x"), nb::arg("w"), nb::arg("epilogue"), nb::arg("workspace"),
                 nb::arg("counters"), "out = epilogue(x @ w^T); 3-D x [m, batch, k] with w [batch, n, k] is batched.");
     kernels.def("gemm_workspace_floats", &k::gemm_workspace_floats, nb::arg("m"), nb::arg("n"), nb::arg("k"),

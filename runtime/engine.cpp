@@ -4,6 +4,7 @@
 #include <chrono>
 #include <numeric>
 #include <sstream>
+#include <thread>
 #include <tuple>
 #include <stdexcept>
 
@@ -27,11 +28,31 @@ constexpr int kPrefillRows = 64;    // rows per prefill forward (one GEMM token 
 constexpr int kDefaultSteps = 4096; // decode history per generate call
 constexpr size_t kHeadroomBytes = size_t{1} << 30;
 
+// Holds a stream for a while on the host, so everything enqueued behind it runs back to back on the device
+// (per-operation timings then measure the device, not the host's launch rate).
+void CUDART_CB hold_stream(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }
+
 std::string gib(size_t bytes) {
     std::ostringstream s;
     s.precision(2);
     s << std::fixed << static_cast<double>(bytes) / (1u << 30) << " GiB";
     return s.str();
+}
+
+// Split-K partials (floats) and arrival counters the engine's GEMMs need at `rows` rows: the maximum over
+// every projection of the model (n, k, batch).
+std::pair<size_t, size_t> gemm_scratch(const ModelDims& d, int rows) {
+    const std::array<std::array<int, 3>, 11> gemms = {{
+        {d.qkv_a(), d.hidden, 1}, {d.heads * d.qk(), d.q_lora, 1}, {d.kv_lora, d.nope, d.heads},
+        {d.v, d.kv_lora, d.heads}, {d.hidden, d.heads * d.v, 1}, {2 * d.inter, d.hidden, 1},
+        {d.hidden, d.inter, 1}, {2 * d.shared_inter, d.hidden, 1}, {d.hidden, d.shared_inter, 1},
+        {d.experts, d.hidden, 1}, {d.vocab, d.hidden, 1}}};
+    size_t ws = 0, counters = 0;
+    for (const auto& [n, kk, b] : gemms) {
+        ws = std::max<size_t>(ws, k::gemm_workspace_floats(rows, n, kk, b));
+        counters = std::max<size_t>(counters, k::gemm_counter_count(n, b));
+    }
+    return {ws, counters};
 }
 
 }  // namespace
@@ -144,16 +165,7 @@ size_t Engine::device_bytes() const {
                      d.heads * d.kv_lora + d.heads * d.v + mlp + d.hidden) +
                 r * d.topk * d.moe_inter;
     size_t f32 = r * (d.experts + d.topk + d.vocab);
-    const std::vector<std::array<int, 3>> gemms = {
-        {d.qkv_a(), d.hidden, 1}, {d.heads * d.qk(), d.q_lora, 1}, {d.kv_lora, d.nope, d.heads},
-        {d.v, d.kv_lora, d.heads}, {d.hidden, d.heads * d.v, 1}, {2 * d.inter, d.hidden, 1},
-        {d.hidden, d.inter, 1}, {2 * d.shared_inter, d.hidden, 1}, {d.hidden, d.shared_inter, 1},
-        {d.experts, d.hidden, 1}, {d.vocab, d.hidden, 1}};
-    size_t ws = 0, counters = 0;
-    for (const auto& [n, kk, b] : gemms) {
-        ws = std::max<size_t>(ws, k::gemm_workspace_floats(static_cast<int>(r), n, kk, b));
-        counters = std::max<size_t>(counters, k::gemm_counter_count(n, b));
-    }
+    const auto [ws, counters] = gemm_scratch(d, static_cast<int>(r));
     f32 += ws + k::mla_workspace_floats({d.heads, d.kv_lora, d.rope}, static_cast<int>(r), max_context_);
     const size_t i32 = r * (d.topk + 1) + counters + 16 * r + static_cast<size_t>(streams_) * kDefaultSteps + 16;
     return bf * 2 + f32 * 4 + i32 * 4;
@@ -195,16 +207,7 @@ void Engine::allocate_buffers() {
     temperature_ = f32(1);
     seed_ = static_cast<unsigned long long*>(alloc(8));
 
-    const std::vector<std::array<int, 3>> gemms = {
-        {d.qkv_a(), d.hidden, 1}, {d.heads * d.qk(), d.q_lora, 1}, {d.kv_lora, d.nope, d.heads},
-        {d.v, d.kv_lora, d.heads}, {d.hidden, d.heads * d.v, 1}, {2 * d.inter, d.hidden, 1},
-        {d.hidden, d.inter, 1}, {2 * d.shared_inter, d.hidden, 1}, {d.hidden, d.shared_inter, 1},
-        {d.experts, d.hidden, 1}, {d.vocab, d.hidden, 1}};
-    size_t ws = 0, counters = 0;
-    for (const auto& [n, kk, b] : gemms) {
-        ws = std::max<size_t>(ws, k::gemm_workspace_floats(static_cast<int>(r), n, kk, b));
-        counters = std::max<size_t>(counters, k::gemm_counter_count(n, b));
-    }
+    const auto [ws, counters] = gemm_scratch(d, static_cast<int>(r));
     gemm_ws_ = f32(ws);
     gemm_counters_ = i32(counters);
     CUDA_CHECK(cudaMemset(gemm_counters_, 0, std::max<size_t>(counters, 4) * 4));
@@ -562,6 +565,7 @@ StepProfile Engine::profile_step(int n, const std::vector<int32_t>& positions, i
         rows.logit_stream_ids = decode_rows_.stream_ids;
         rows.logit_positions = decode_rows_.positions;
         Timeline timeline(stream_);
+        CUDA_CHECK(cudaLaunchHostFunc(stream_, hold_stream, nullptr));
         forward(rows, n, n, &timeline);
         timeline.op("sample", [&] { sample(rows, n); });
         CUDA_CHECK(cudaStreamSynchronize(stream_));

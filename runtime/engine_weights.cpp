@@ -58,7 +58,7 @@ size_t Weights::planned_bytes(const ModelDims& d, int max_tokens) {
 }
 
 Weights::Weights(const ModelDims& d, int device, int max_tokens, cudaStream_t stream)
-    : dims_(d), device_(device), stream_(stream), layers(d.layers), gate_stage_(d.layers), up_stage_(d.layers) {
+    : layers(d.layers), dims_(d), device_(device), stream_(stream), gate_stage_(d.layers), up_stage_(d.layers) {
     try {
         const size_t h = d.hidden;
         embed = alloc_bf16(d.vocab * h);

@@ -107,5 +107,7 @@ def test_repack_rejects_bad_inputs() -> None:
     odd_p, odd_s = random_projection(rng, 1, 96, 256)
     with pytest.raises(ValueError, match="multiples of 128"):
         moe.repack_w13(odd_p, odd_s, odd_p, odd_s)
+    with pytest.raises(ValueError, match="multiples of 128"):  # checked before any CUDA call
+        moe.MoeLayer(8, 640, 100, 8, 16, 2.827)
     with pytest.raises(ValueError, match="'repacked'"):
         moe.unpack_w2(np.zeros((1, 10), np.uint8), 128, 128)

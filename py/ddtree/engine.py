@@ -1,0 +1,167 @@
+"""The native GPU engine behind a thin Python facade: load a checkpoint onto one GPU, generate tokens.
+
+The C++ runtime (ddtree._native.Engine) owns the device: weights, per-stream latent KV caches, the kernels and
+the CUDA graphs of the decode step. This module only validates requests, hands it host views of the
+memory-mapped checkpoint (no copies here) and wraps the results.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ddtree.checkpoint import Checkpoint, open_checkpoint
+from ddtree.config import ModelConfig
+from ddtree.errors import RequestError
+from ddtree.reference.rope import Rope
+from ddtree.results import GenerationResult
+
+# HF and DeepSeek build q_a_layernorm / kv_a_layernorm with RMSNorm's default eps (see reference.mla).
+LORA_NORM_EPS = 1e-6
+EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+def engine_dims(cfg: ModelConfig) -> dict[str, Any]:
+    """The model dimensions the native engine is built from."""
+    return {
+        "vocab": cfg.vocab_size, "hidden": cfg.hidden_size, "inter": cfg.intermediate_size,
+        "moe_inter": cfg.moe_intermediate_size, "layers": cfg.num_hidden_layers,
+        "heads": cfg.num_attention_heads, "q_lora": cfg.q_lora_rank, "kv_lora": cfg.kv_lora_rank,
+        "nope": cfg.qk_nope_head_dim, "rope": cfg.qk_rope_head_dim, "v": cfg.v_head_dim,
+        "experts": cfg.n_routed_experts, "shared_inter": cfg.n_shared_experts * cfg.moe_intermediate_size,
+        "topk": cfg.num_experts_per_tok, "first_dense": cfg.first_k_dense_replace,
+        "routed_scaling_factor": cfg.routed_scaling_factor, "norm_topk_prob": cfg.norm_topk_prob,
+        "rms_eps": cfg.rms_norm_eps, "lora_eps": LORA_NORM_EPS, "softmax_scale": cfg.softmax_scale,
+    }
+
+
+def _native_engine(cfg: ModelConfig, streams: int, max_context: int, device: int) -> Any:
+    from ddtree.device import has_cuda_device
+
+    if not has_cuda_device():
+        raise RuntimeError("ddtree.Engine needs a CUDA device, and none is present (the numpy reference "
+                           "ddtree.reference runs without one)")
+    from ddtree import _native
+
+    if cfg.n_shared_experts > 1:
+        raise RequestError(f"n_shared_experts is {cfg.n_shared_experts}; the engine supports 0 or 1")
+    rope = Rope.from_config(cfg)
+    return _native.Engine(engine_dims(cfg), rope.inv_freq.tolist(), float(rope.attention_factor), rope.interleave,
+                          streams, max_context, device)
+
+
+def _check_sizes(streams: int, max_context: int, cfg: ModelConfig) -> None:
+    for name, value in (("streams", streams), ("max_context", max_context)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise RequestError(f"{name} must be a positive integer, got {value!r}")
+    if max_context > cfg.max_position_embeddings:
+        raise RequestError(f"max_context {max_context} exceeds the model's max_position_embeddings "
+                           f"{cfg.max_position_embeddings}")
+
+
+def validate_request(prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float, streams: int,
+                     max_context: int, vocab_size: int) -> list[list[int]]:
+    """Checked prompts as lists of ints; RequestError naming the prompt and token at fault otherwise."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise RequestError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if not np.isfinite(temperature) or temperature < 0:
+        raise RequestError(f"temperature must be finite and >= 0, got {temperature}")
+    if len(prompts) == 0:
+        raise RequestError("prompts is empty: pass at least one prompt")
+    if len(prompts) > streams:
+        raise RequestError(f"{len(prompts)} prompts but the engine was created for {streams} streams")
+    checked = []
+    for i, prompt in enumerate(prompts):
+        ids = np.asarray(prompt)
+        if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+            raise RequestError(f"prompt {i} must be a non-empty sequence of integer token ids")
+        bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+        if bad.size:
+            raise RequestError(f"prompt {i}: token id {ids[bad[0]]} at position {bad[0]} is outside the "
+                               f"vocabulary [0, {vocab_size})")
+        if ids.size + max_new_tokens > max_context:
+            raise RequestError(f"prompt {i}: {ids.size} tokens + {max_new_tokens} new tokens exceed max_context "
+                               f"{max_context}")
+        checked.append([int(t) for t in ids])
+    return checked
+
+
+class Engine:
+    """Autoregressive generation on one GPU for 1..streams concurrent prompts.
+
+    `streams` and `max_context` (prompt + generated tokens per stream) are fixed at creation; the engine refuses,
+    with the numbers, a configuration whose weights, KV caches and scratch do not fit in free device memory.
+    """
+
+    def __init__(self, model_dir: str | Path, streams: int = 1, max_context: int = 4096, device: int = 0) -> None:
+        checkpoint = open_checkpoint(model_dir)
+        _check_sizes(streams, max_context, checkpoint.config)
+        self.config = checkpoint.config
+        self.streams, self.max_context = streams, max_context
+        self._native = _native_engine(self.config, streams, max_context, device)
+        self._upload(checkpoint)
+
+    @classmethod
+    def random(cls, cfg: ModelConfig, streams: int, max_context: int, device: int = 0, seed: int = 0) -> Engine:
+        """An engine with random weights of the right scale (benchmarks at K2 dims with no checkpoint on disk)."""
+        _check_sizes(streams, max_context, cfg)
+        engine = cls.__new__(cls)
+        engine.config, engine.streams, engine.max_context = cfg, streams, max_context
+        engine._native = _native_engine(cfg, streams, max_context, device)
+        engine._native.randomize_weights(seed)
+        return engine
+
+    @property
+    def native(self) -> Any:
+        """The C++ engine (profiling and test entry points)."""
+        return self._native
+
+    def _upload(self, checkpoint: Checkpoint) -> None:
+        cfg, prefix = self.config, self.config.weight_prefix
+        for name in checkpoint:
+            if ".mlp.experts." in name:
+                continue
+            array = checkpoint[name]
+            if name.endswith("e_score_correction_bias"):
+                array = np.ascontiguousarray(array if array.dtype == np.float32 else _bf16_to_f32(array))
+            self._native.upload(name[len(prefix):], array)
+        for layer in range(cfg.first_k_dense_replace, cfg.num_hidden_layers):
+            for e in range(cfg.n_routed_experts):
+                base = f"{prefix}model.layers.{layer}.mlp.experts.{e}"
+                parts = []
+                for proj in EXPERT_PROJECTIONS:
+                    parts += [checkpoint[f"{base}.{proj}.weight_packed"], checkpoint[f"{base}.{proj}.weight_scale"]]
+                self._native.upload_expert(layer, e, *parts)
+        missing = self._native.missing()
+        if missing:
+            raise RuntimeError(f"engine weights incomplete: {missing!r} was not uploaded")
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
+                 seed: int = 0) -> list[GenerationResult]:
+        """Generate exactly max_new_tokens tokens for each prompt (one stream each, all decoded together).
+
+        temperature 0 is greedy (lowest id on ties); > 0 samples with a seeded Gumbel-max per (stream, position).
+        """
+        checked = validate_request(prompts, max_new_tokens, temperature, self.streams, self.max_context,
+                                   self.config.vocab_size)
+        start = time.perf_counter()
+        first = self._native.prefill(checked, float(temperature), seed)
+        prefill_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        tokens = self._native.decode(first, [len(p) for p in checked], max_new_tokens - 1, float(temperature), seed)
+        decode_seconds = time.perf_counter() - start
+        return [GenerationResult(tokens=list(t), prefill_seconds=prefill_seconds, decode_seconds=decode_seconds)
+                for t in tokens]
+
+
+def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    from ddtree import bf16
+
+    return bf16.to_float32(bits)
+
+
+__all__ = ["Engine", "engine_dims", "validate_request"]
