@@ -139,6 +139,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int offset = 1; offset < 8; offset <<= 1) {
                 sum += __shfl_xor_sync(0xffffffffu, sum, offset);
             }
+            __syncwarp();  // every thread of the row has read s_m[r] before part 0 overwrites it
             if (part == 0) {
                 const float alpha = exp2f(m_old - m_new);
                 s_l[r] = s_l[r] * alpha + sum;

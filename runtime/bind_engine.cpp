@@ -42,10 +42,12 @@ const T* host_data(const HostArray& a, const char* name, nb::dlpack::dtype dtype
     return static_cast<const T*>(a.data());
 }
 
-nb::ndarray<nb::numpy, float, nb::ndim<2>> to_numpy(std::vector<float>&& values, size_t rows, size_t cols) {
-    auto* owned = new std::vector<float>(std::move(values));
-    nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
-    return nb::ndarray<nb::numpy, float, nb::ndim<2>>(owned->data(), {rows, cols}, owner);
+// A numpy array that owns `values` (moved, not copied).
+template <typename T>
+nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& values, std::initializer_list<size_t> shape) {
+    auto* owned = new std::vector<T>(std::move(values));
+    nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+    return nb::ndarray<nb::numpy, T>(owned->data(), shape, owner);
 }
 
 }  // namespace
@@ -110,15 +112,24 @@ void bind_engine(nb::module_& m) {
         .def(
             "forward_logits",
             [](Engine& e, const std::vector<int32_t>& ids, const std::vector<int32_t>& streams,
-               const std::vector<int32_t>& positions) {
+               const std::vector<int32_t>& positions, bool with_routing) -> nb::object {
                 std::vector<float> logits;
+                std::vector<int32_t> routing;
                 {
                     nb::gil_scoped_release release;
-                    logits = e.forward_logits(ids, streams, positions);
+                    logits = e.forward_logits(ids, streams, positions, with_routing ? &routing : nullptr);
                 }
-                return to_numpy(std::move(logits), ids.size(), e.dims().vocab);
+                const ModelDims& d = e.dims();
+                nb::object out = nb::cast(to_numpy(std::move(logits), {ids.size(), static_cast<size_t>(d.vocab)}));
+                if (!with_routing) {
+                    return out;
+                }
+                return nb::make_tuple(out, to_numpy(std::move(routing), {static_cast<size_t>(d.layers - d.first_dense),
+                                                                         ids.size(), static_cast<size_t>(d.topk)}));
             },
-            nb::arg("ids"), nb::arg("streams"), nb::arg("positions"))
+            nb::arg("ids"), nb::arg("streams"), nb::arg("positions"), nb::arg("with_routing") = false,
+            "Eager forward of rows -> fp32 logits [rows, vocab]; with_routing also returns the experts each MoE "
+            "layer chose, int32 [moe layers, rows, topk].")
         .def("randomize_cache", &Engine::randomize_cache, nb::arg("seed"), nb::call_guard<nb::gil_scoped_release>())
         .def("time_decode", &Engine::time_decode, nb::arg("streams"), nb::arg("positions"), nb::arg("iters"),
              nb::call_guard<nb::gil_scoped_release>())

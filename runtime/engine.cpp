@@ -1,9 +1,9 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <numeric>
-#include <sstream>
 #include <thread>
 #include <tuple>
 #include <stdexcept>
@@ -32,11 +32,12 @@ constexpr size_t kHeadroomBytes = size_t{1} << 30;
 // (per-operation timings then measure the device, not the host's launch rate).
 void CUDART_CB hold_stream(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }
 
+// No iostreams in the runtime: a host process can carry a second libstdc++ whose locale facets clash with ours
+// (seen on the GPU image: an ostringstream crashed inside codecvt), so messages use snprintf.
 std::string gib(size_t bytes) {
-    std::ostringstream s;
-    s.precision(2);
-    s << std::fixed << static_cast<double>(bytes) / (1u << 30) << " GiB";
-    return s.str();
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / (1u << 30));
+    return text;
 }
 
 // Split-K partials (floats) and arrival counters the engine's GEMMs need at `rows` rows: the maximum over
@@ -167,7 +168,7 @@ size_t Engine::device_bytes() const {
     size_t f32 = r * (d.experts + d.topk + d.vocab);
     const auto [ws, counters] = gemm_scratch(d, static_cast<int>(r));
     f32 += ws + k::mla_workspace_floats({d.heads, d.kv_lora, d.rope}, static_cast<int>(r), max_context_);
-    const size_t i32 = r * (d.topk + 1) + counters + 16 * r + static_cast<size_t>(streams_) * kDefaultSteps + 16;
+    const size_t i32 = r * (d.topk + 1) + static_cast<size_t>(d.layers - d.first_dense) * r * d.topk + counters + 16 * r + static_cast<size_t>(streams_) * kDefaultSteps + 16;
     return bf * 2 + f32 * 4 + i32 * 4;
 }
 
@@ -201,6 +202,7 @@ void Engine::allocate_buffers() {
     topk_weights_ = f32(r * d.topk);
     logits_ = f32(r * d.vocab);
     topk_ids_ = i32(r * d.topk);
+    routing_ = i32(static_cast<size_t>(d.layers - d.first_dense) * r * d.topk);
     tokens_ = i32(r);
     history_ = i32(static_cast<size_t>(streams_) * max_steps_);
     step_ = i32(1);
@@ -210,7 +212,7 @@ void Engine::allocate_buffers() {
     const auto [ws, counters] = gemm_scratch(d, static_cast<int>(r));
     gemm_ws_ = f32(ws);
     gemm_counters_ = i32(counters);
-    CUDA_CHECK(cudaMemset(gemm_counters_, 0, std::max<size_t>(counters, 4) * 4));
+    CUDA_CHECK(cudaMemsetAsync(gemm_counters_, 0, std::max<size_t>(counters, 4) * 4, stream_));
     attn_ws_ = f32(k::mla_workspace_floats({d.heads, d.kv_lora, d.rope}, static_cast<int>(r), max_context_));
     for (RowBuffers* rows : {&eager_rows_, &decode_rows_}) {
         int32_t* base = i32(9 * r);
@@ -218,7 +220,10 @@ void Engine::allocate_buffers() {
                            base + 5 * r, base + 6 * r, base + 7 * r, base + 8 * r};
     }
     float* inv_freq = f32(d.rope / 2);
-    CUDA_CHECK(cudaMemcpy(inv_freq, rope_.inv_freq.data(), rope_.inv_freq.size() * 4, cudaMemcpyHostToDevice));
+    // On the engine's stream, like every upload: a pageable cudaMemcpy may return before its DMA lands.
+    CUDA_CHECK(cudaMemcpyAsync(inv_freq, rope_.inv_freq.data(), rope_.inv_freq.size() * 4, cudaMemcpyHostToDevice,
+                               stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
     rope_device_ = inv_freq;
 }
 
@@ -332,6 +337,11 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, Timeline* time
             CUDA_CHECK(k::route_topk(topk_ids_, topk_weights_, router_logits_, lw.router_bias, n, d.experts, d.topk,
                                      d.norm_topk_prob, s));
         });
+        if (capture_routing_) {
+            const size_t ids = static_cast<size_t>(n) * d.topk;
+            CUDA_CHECK(cudaMemcpyAsync(routing_ + (l - d.first_dense) * ids, topk_ids_, ids * sizeof(int32_t),
+                                       cudaMemcpyDeviceToDevice, s));
+        }
         gemm("shared_gate_up", xn_, d.hidden, lw.gate_up, act_, d.shared_inter, n, 2 * d.shared_inter, d.hidden,
              k::GemmEpilogue::kSiluMul);
         gemm("shared_down", act_, d.shared_inter, lw.down, delta_, d.hidden, n, d.hidden, d.shared_inter,
@@ -486,7 +496,7 @@ std::vector<std::vector<int32_t>> Engine::decode(const std::vector<int32_t>& fir
 }
 
 std::vector<float> Engine::forward_logits(const std::vector<int32_t>& ids, const std::vector<int32_t>& streams,
-                                          const std::vector<int32_t>& positions) {
+                                          const std::vector<int32_t>& positions, std::vector<int32_t>* routing) {
     CUDA_CHECK(cudaSetDevice(device_));
     const int n = static_cast<int>(ids.size());
     if (n < 1 || n > max_rows_ || streams.size() != ids.size() || positions.size() != ids.size()) {
@@ -497,9 +507,19 @@ std::vector<float> Engine::forward_logits(const std::vector<int32_t>& ids, const
     std::vector<int32_t> all(n);
     std::iota(all.begin(), all.end(), 0);
     upload_rows(eager_rows_, ids, streams, positions, all);
+    struct CaptureScope {
+        bool& flag;
+        ~CaptureScope() { flag = false; }
+    } capture{capture_routing_};
+    capture_routing_ = routing != nullptr;
     forward(eager_rows_, n, n, nullptr);
     std::vector<float> logits(static_cast<size_t>(n) * dims_.vocab);
     CUDA_CHECK(cudaMemcpyAsync(logits.data(), logits_, logits.size() * 4, cudaMemcpyDeviceToHost, stream_));
+    if (routing != nullptr) {
+        routing->resize(static_cast<size_t>(dims_.layers - dims_.first_dense) * n * dims_.topk);
+        CUDA_CHECK(cudaMemcpyAsync(routing->data(), routing_, routing->size() * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, stream_));
+    }
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     return logits;
 }

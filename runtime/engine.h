@@ -56,9 +56,11 @@ class Engine {
                                              float temperature, uint64_t seed);
 
     // One eager forward over arbitrary rows (stream, position, id), writing their keys into the caches;
-    // returns fp32 logits [rows, vocab]. For tests of batch invariance and against the reference.
+    // returns fp32 logits [rows, vocab]. For tests of batch invariance and against the reference. When
+    // `routing` is given it receives the experts each MoE layer chose, [moe layer][row][topk], so a reference
+    // can be run on the same routing.
     std::vector<float> forward_logits(const std::vector<int32_t>& ids, const std::vector<int32_t>& streams,
-                                      const std::vector<int32_t>& positions);
+                                      const std::vector<int32_t>& positions, std::vector<int32_t>* routing = nullptr);
 
     // Benchmark support: random weights (see Weights::randomize), random cache contents for every stream.
     void randomize_cache(uint64_t seed);
@@ -101,6 +103,8 @@ class Engine {
     float *gemm_ws_ = nullptr, *attn_ws_ = nullptr;
     int32_t *topk_ids_ = nullptr, *gemm_counters_ = nullptr, *tokens_ = nullptr, *history_ = nullptr;
     int32_t* step_ = nullptr;
+    int32_t* routing_ = nullptr;  // [moe layers][max_rows][topk]: expert choices of an eager forward
+    bool capture_routing_ = false;
     float* temperature_ = nullptr;
     float* rope_device_ = nullptr;  // inv_freq table
     unsigned long long* seed_ = nullptr;

@@ -159,27 +159,30 @@ void Weights::upload(const std::string& name, const void* host, size_t bytes) {
     switch (slot.kind) {
         case Kind::kPlain:
         case Kind::kBias:
-            CUDA_CHECK(cudaMemcpy(slot.dst, host, bytes, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpyAsync(slot.dst, host, bytes, cudaMemcpyHostToDevice, stream_));
             break;
         case Kind::kGate:
         case Kind::kUp: {
             auto& stage = slot.kind == Kind::kGate ? gate_stage_[slot.layer] : up_stage_[slot.layer];
             if (stage == nullptr) CUDA_CHECK(cudaMalloc(&stage, bytes));
-            CUDA_CHECK(cudaMemcpy(stage, host, bytes, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpyAsync(stage, host, bytes, cudaMemcpyHostToDevice, stream_));
             break;
         }
         case Kind::kKvB: {
-            CUDA_CHECK(cudaMemcpy(slot.dst, host, bytes, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpyAsync(slot.dst, host, bytes, cudaMemcpyHostToDevice, stream_));
             LayerWeights& w = layers[slot.layer];
             for (int h = 0; h < d.heads; ++h) {  // W_UK of head h: rows [h*(nope+v), +nope) of kv_b
                 CUDA_CHECK(k::transpose_bf16(w.w_uk_t + static_cast<size_t>(h) * d.kv_lora * d.nope,
                                              w.kv_b + static_cast<size_t>(h) * (d.nope + d.v) * d.kv_lora, 1, d.nope,
                                              d.kv_lora, stream_));
             }
-            CUDA_CHECK(cudaStreamSynchronize(stream_));
             break;
         }
     }
+    // Every copy and kernel of an upload runs on the engine's stream: a plain cudaMemcpy from pageable memory
+    // may return before its DMA lands, and the non-blocking stream would not wait for it (seen as weights that
+    // differed between engines built from the same checkpoint).
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
     slot.uploaded = true;
     if (slot.kind == Kind::kGate || slot.kind == Kind::kUp) {
         interleave_if_ready(slot.layer);
@@ -223,8 +226,8 @@ void Weights::upload_expert(int layer, int expert, const int32_t* gate_packed, c
         const size_t m = static_cast<size_t>(d.moe_inter) * d.hidden;
         const size_t packed = m / 8 * 4, scales = m / 32 * 2;
         auto copy = [&](const void* dst_base, const void* src, size_t bytes) {
-            CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(const_cast<void*>(dst_base)) + bytes * expert, src, bytes,
-                                  cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(const_cast<void*>(dst_base)) + bytes * expert, src,
+                                       bytes, cudaMemcpyHostToDevice, stream_));
         };
         copy(w.plain.gate_packed, gate_packed, packed);
         copy(w.plain.gate_scale, gate_scale, scales);
@@ -232,6 +235,7 @@ void Weights::upload_expert(int layer, int expert, const int32_t* gate_packed, c
         copy(w.plain.up_scale, up_scale, scales);
         copy(w.plain.down_packed, down_packed, packed);
         copy(w.plain.down_scale, down_scale, scales);
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
     w.expert_uploaded[expert] = true;
 }

@@ -2,8 +2,8 @@
 
 #include <cuda_runtime.h>
 
-#include <sstream>
 #include <stdexcept>
+#include <string>
 
 #include "cuda_check.h"
 
@@ -27,14 +27,20 @@ bool dtype_matches(nb::dlpack::dtype got, DType want) {
     return false;
 }
 
-std::string shape_string(const CudaArray& a) {
-    std::ostringstream s;
-    s << "[";
-    for (size_t i = 0; i < a.ndim(); ++i) {
-        s << (i ? ", " : "") << a.shape(i);
-    }
-    s << "]";
-    return s.str();
+// Messages are built with std::string and std::to_string only: on the GPU machine's image, formatting an
+// integer through std::ostream inside this extension crashed (the num_put facet lookup landed in a
+// codecvt facet; backtrace in bench/results/moe/NOTES.md).
+std::string extents_string(const CudaArray& a) {
+    std::string s = "[";
+    for (size_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
+    return s + "]";
+}
+
+std::string extents_string(std::initializer_list<int64_t> shape) {
+    std::string s = "[";
+    size_t i = 0;
+    for (int64_t extent : shape) s += (i++ ? ", " : "") + (extent < 0 ? std::string("*") : std::to_string(extent));
+    return s + "]";
 }
 
 }  // namespace
@@ -66,15 +72,8 @@ void* checked_data(const CudaArray& array, const char* name, DType dtype, std::i
         ++i;
     }
     if (!ok) {
-        std::ostringstream want;
-        want << "[";
-        i = 0;
-        for (int64_t extent : shape) {
-            want << (i++ ? ", " : "") << (extent < 0 ? std::string("*") : std::to_string(extent));
-        }
-        want << "]";
-        throw nb::value_error((std::string("argument '") + name + "' has shape " + shape_string(array) +
-                               ", expected " + want.str())
+        throw nb::value_error((std::string("argument '") + name + "' has shape " + extents_string(array) +
+                               ", expected " + extents_string(shape))
                                   .c_str());
     }
     return array.data();
