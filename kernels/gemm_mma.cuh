@@ -1,4 +1,5 @@
-// Device helpers shared by the tensor-core kernels (gemm, mla_attn): mma.sync, ldmatrix, cp.async, loads.
+// Device helpers shared by the tensor-core kernels (gemm, mla_attn, moe_marlin): mma.sync, ldmatrix, cp.async,
+// loads.
 #pragma once
 #include <atomic>
 #include <cstdint>

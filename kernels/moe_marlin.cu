@@ -9,6 +9,8 @@
 // token columns it pads to, never changes the arithmetic of a column, so results are batch invariant.
 #include "moe_marlin.cuh"
 
+#include "gemm_mma.cuh"
+
 namespace ddtree::kernels::moe {
 namespace {
 
@@ -24,10 +26,6 @@ constexpr int stage_count(int nt) {
 static_assert(stage_count(8) >= 3, "ring too small for the widest token block");
 static_assert(kBlockTokens * kStripeRows * 4 <= kRingBytes, "epilogue tile must fit in the ring");
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // L2 policy "evict first, whole line" (the value createpolicy.fractional.L2::evict_first 1.0 yields, as
 // CUTLASS also passes it). Weights are read once per call, so they should not push activations out of L2.
 // A constant, not createpolicy: with ptxas 13.0 the createpolicy form of a hinted copy referenced uniform
@@ -36,55 +34,32 @@ constexpr uint64_t kL2EvictFirst = 0x12F0000000000000ull;
 constexpr int kMaxStages = 10;
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)));
 }
 
 // Waits until phase `parity` of the barrier completed; the completed bulk copy is then visible to this thread.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
     asm volatile(
         "{\n .reg .pred done;\n WAIT_PHASE:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        " @!done bra WAIT_PHASE;\n}\n" ::"r"(smem_u32(bar)),
+        " @!done bra WAIT_PHASE;\n}\n" ::"r"(smem_addr(bar)),
         "r"(parity)
         : "memory");
 }
 
 // One thread: arms `bar` for `bytes` and starts one bulk copy global -> shared that completes on it.
 __device__ __forceinline__ void bulk_load_weights(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
                  : "memory");
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
-            smem_u32(dst)),
-        "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(kL2EvictFirst)
+            smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(kL2EvictFirst)
         : "memory");
 }
 
-// Copies 16 bytes, or writes 16 zero bytes when !valid (src is then never read).
-__device__ __forceinline__ void cp_async_or_zero(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
 __device__ __forceinline__ __nv_bfloat162 as_bf16x2(uint32_t v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
@@ -167,7 +142,7 @@ __device__ void run_unit(const GemmParams& p, const int4 blk, int stripe, uint8_
                 const int r = c / (kActRowBytes / 16), ch = c % (kActRowBytes / 16);
                 const bf16* row = us.rows[r];
                 // 16-byte chunks of a token row are XOR-swizzled by row so ldmatrix reads are conflict-free.
-                cp_async_or_zero(adst + r * kActRowBytes + ((ch ^ (r & 7)) * 16),
+                cp_async16_zfill(adst + r * kActRowBytes + ((ch ^ (r & 7)) * 16),
                                  (row ? row : p.act_in) + ks * kStageK + ch * 8, row != nullptr);
             }
         }
@@ -239,8 +214,8 @@ __device__ void run_unit(const GemmParams& p, const int4 blk, int stripe, uint8_
                     const int ch = q32 * 4 + (lane >> 3);
                     uint32_t b[4];
                     ldmatrix_x4(b, act + r * kActRowBytes + ((ch ^ (r & 7)) * 16));
-                    mma_bf16(acc[n], a0, b[0], b[1]);
-                    mma_bf16(acc[n], a1, b[2], b[3]);
+                    mma_bf16_16816(acc[n], a0[0], a0[1], a0[2], a0[3], b[0], b[1]);
+                    mma_bf16_16816(acc[n], a1[0], a1[1], a1[2], a1[3], b[2], b[3]);
                 }
             }
         }
