@@ -32,29 +32,11 @@ bool is_bf16_bits(nb::dlpack::dtype d) {
            d == nb::dlpack::dtype{static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
 }
 
-std::string shape_of(const HostArray& a) {
-    std::string s = "[";
-    for (size_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
-    return s + "]";
-}
-
 // Checks a host array's dtype and shape (extents < 0 are free) and names `name` in the error.
 void check_host(const HostArray& a, const char* name, bool dtype_ok, const char* dtype,
                 std::initializer_list<int64_t> shape) {
     if (!dtype_ok) throw nb::value_error((std::string("argument '") + name + "' must be " + dtype).c_str());
-    bool ok = a.ndim() == shape.size();
-    size_t i = 0;
-    for (int64_t extent : shape) {
-        ok = ok && (extent < 0 || static_cast<int64_t>(a.shape(i)) == extent);
-        ++i;
-    }
-    if (!ok) {
-        std::string want = "[";
-        i = 0;
-        for (int64_t extent : shape) want += (i++ ? ", " : "") + (extent < 0 ? std::string("*") : std::to_string(extent));
-        throw nb::value_error(
-            (std::string("argument '") + name + "' has shape " + shape_of(a) + ", expected " + want + "]").c_str());
-    }
+    check_shape(name, a.ndim(), a.shape_ptr(), shape);
 }
 
 template <typename T>

@@ -30,9 +30,9 @@ bool dtype_matches(nb::dlpack::dtype got, DType want) {
 // Messages are built with std::string and std::to_string only: on the GPU machine's image, formatting an
 // integer through std::ostream inside this extension crashed (the num_put facet lookup landed in a
 // codecvt facet; backtrace in bench/results/moe/NOTES.md).
-std::string extents_string(const CudaArray& a) {
+std::string extents_string(size_t ndim, const int64_t* extents) {
     std::string s = "[";
-    for (size_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
+    for (size_t i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(extents[i]);
     return s + "]";
 }
 
@@ -61,21 +61,25 @@ const char* dtype_name(DType dtype) {
     return "?";
 }
 
+void check_shape(const char* name, size_t ndim, const int64_t* extents, std::initializer_list<int64_t> shape) {
+    bool ok = ndim == shape.size();
+    size_t i = 0;
+    for (int64_t extent : shape) {
+        ok = ok && (extent < 0 || extents[i] == extent);
+        ++i;
+    }
+    if (!ok) {
+        throw nb::value_error((std::string("argument '") + name + "' has shape " + extents_string(ndim, extents) +
+                               ", expected " + extents_string(shape))
+                                  .c_str());
+    }
+}
+
 void* checked_data(const CudaArray& array, const char* name, DType dtype, std::initializer_list<int64_t> shape) {
     if (!dtype_matches(array.dtype(), dtype)) {
         throw nb::value_error((std::string("argument '") + name + "' must be " + dtype_name(dtype)).c_str());
     }
-    bool ok = array.ndim() == shape.size();
-    size_t i = 0;
-    for (int64_t extent : shape) {
-        ok = ok && (extent < 0 || static_cast<int64_t>(array.shape(i)) == extent);
-        ++i;
-    }
-    if (!ok) {
-        throw nb::value_error((std::string("argument '") + name + "' has shape " + extents_string(array) +
-                               ", expected " + extents_string(shape))
-                                  .c_str());
-    }
+    check_shape(name, array.ndim(), array.shape_ptr(), shape);
     return array.data();
 }
 

@@ -17,6 +17,10 @@ enum class DType { bf16, f32, i32, i64, u8 };
 
 const char* dtype_name(DType dtype);
 
+// Raises ValueError naming `name` unless `extents` (ndim of them) match `shape`; a negative extent in `shape`
+// matches anything. For host and device arrays alike.
+void check_shape(const char* name, size_t ndim, const int64_t* extents, std::initializer_list<int64_t> shape);
+
 // Checks device, dtype, rank and (where an extent is >= 0) each extent; returns the data pointer.
 void* checked_data(const CudaArray& array, const char* name, DType dtype, std::initializer_list<int64_t> shape);
 
