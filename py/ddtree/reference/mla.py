@@ -16,6 +16,7 @@ from ddtree.config import ModelConfig
 from ddtree.errors import RequestError
 from ddtree.reference.layers import linear, rms_norm, softmax
 from ddtree.reference.rope import Rope
+from ddtree.reference.tree import commit_rows
 
 # HF transformers and DeepSeek's code build q_a_layernorm and kv_a_layernorm with the RMSNorm default eps,
 # not config.rms_norm_eps.
@@ -57,9 +58,10 @@ class KVCache:
         bad = np.flatnonzero((keep < 0) | (start + keep >= self.length))
         if bad.size:
             raise RequestError(f"compact: keep[{bad[0]}] = {keep[bad[0]]} is outside [0, {self.length - start})")
-        rows = np.concatenate([np.arange(start), start + keep])
         for layer in self.layers:
-            layer.latent, layer.k_rope = layer.latent[rows], layer.k_rope[rows]
+            commit_rows(layer.latent, start, keep)
+            commit_rows(layer.k_rope, start, keep)
+        self.truncate(start + keep.size)
 
     def append(self, layer: int, latent: np.ndarray, k_rope: np.ndarray) -> LayerKV:
         kv = self.layers[layer]

@@ -136,17 +136,9 @@ class ReferenceModel:
 
         Returns exactly max_new_tokens tokens (no stop on EOS: the engine's greedy contract is token for token).
         """
-        ids = check_token_ids(prompt_ids, self.config.vocab_size)
-        if max_new_tokens < 0:
-            raise RequestError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        cache = self.new_cache()
-        tokens: list[int] = []
-        logits = self.forward(ids, np.arange(len(ids)), cache).logits
-        while len(tokens) < max_new_tokens:
-            tokens.append(int(np.argmax(logits[-1])))
-            if len(tokens) < max_new_tokens:
-                logits = self.forward([tokens[-1]], [cache.length], cache).logits
-        return tokens
+        from ddtree.reference.generate import generate  # generate builds on this module
+
+        return generate(self, None, prompt_ids, max_new_tokens).tokens
 
 
 def check_token_ids(ids: Sequence[int] | np.ndarray, vocab_size: int) -> np.ndarray:
