@@ -1,11 +1,41 @@
-// Shared helpers for every kernel family: bf16 type, error propagation for launchers.
+// Shared helpers for every kernel family: bf16 type, error propagation for launchers, dependent launches.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <utility>
+
 namespace ddtree::kernels {
 
 using bf16 = __nv_bfloat16;
+
+// Programmatic dependent launch (sm_90). A kernel started by launch_dependent may begin while the previous
+// kernel of its stream is still running, so decode-size kernels overlap their start and their weight prefetch
+// with the previous kernel's tail. Such a kernel must call grid_dependency_wait() before it reads anything an
+// earlier kernel writes or writes anything an earlier kernel reads; before the wait it may touch only data no
+// kernel changes (weights). The wait is a no-op in a kernel launched the ordinary way.
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+// Lets the next dependent kernel of the stream start once every CTA of this grid has called it or exited.
+__device__ __forceinline__ void allow_dependent_launch() {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
+                             cudaStream_t stream, Args&&... args) {
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = smem_bytes;
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
 
 }  // namespace ddtree::kernels
 

@@ -1,5 +1,6 @@
 // Weight-streaming bf16 GEMM (see gemm.cuh for the design and the batch-invariance argument).
 #include <algorithm>
+#include <cstdint>
 
 #include "gemm.cuh"
 #include "gemm_mma.cuh"
@@ -7,25 +8,24 @@
 namespace ddtree::kernels {
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 4;  // warp p sums k-part p: columns [128p, 128p + 128) of every chunk
 constexpr int kThreads = kWarps * 32;
-constexpr int kRowsPerCta = kWarps * 16;
-constexpr int kSubSteps = 4;  // k32 slices per pipeline step (8 cp.async of 16 B per thread)
-constexpr int kStepK = 32 * kSubSteps;
-constexpr int kXLd = kStepK + 32;  // activation rows of 320 B in smem: conflict-free 16-byte fragment reads
-constexpr int kTargetCtas = 264;  // one wave of 2 resident CTAs per SM on a 132-SM H200
+constexpr int kChunk = 512;               // columns per pipeline stage: 1 KB of each weight row
+constexpr int kPart = kChunk / kWarps;    // columns per warp per stage (four k32 slices)
+constexpr int kTileRows = 16;             // weight rows of one mma tile; split counts are in these units
+constexpr int kRowBytes = kChunk * 2 + 64;  // smem row stride: rows g and g + 1 land in different bank halves
+constexpr int kMinTilesPerSm = 4;         // K splits until the 16-row tiles x splits reach this many per SM
 constexpr int kMaxSplits = 16;
-constexpr int kMinStepsPerSplit = 4;
 
-// Per token-tile count NT: pipeline depth and shared memory (weights 16 KB + activations 8*NT rows per stage),
-// chosen so two CTAs fit on an SM.
-template <int NT>
-struct Pipe {
-    static constexpr int kStages = NT <= 2 ? 5 : 3;
-    static constexpr int kRows = 8 * NT;
-    static constexpr int kWeightU4 = kSubSteps * 2 * kThreads;  // uint4 per weight stage
-    static constexpr int kXElems = kRows * kXLd;
-    static constexpr int kSmemBytes = kStages * (kWeightU4 * 16 + kXElems * 2);
+// RT weight tiles of 16 rows and NT token tiles of 8 per CTA, S stages in the ring. Shared memory stays near
+// 110 KB where possible so two CTAs share an SM.
+template <int RT, int NT, int S>
+struct Config {
+    static constexpr int kRows = kTileRows * RT;
+    static constexpr int kTokens = 8 * NT;
+    static constexpr int kStageBytes = (kRows + kTokens) * kRowBytes;
+    static constexpr int kSmemBytes = S * kStageBytes + S * 8;
+    static_assert(kWarps * kRows * kTokens * 4 <= S * kStageBytes, "k-part sums reuse the idle ring");
 };
 
 struct GemmParams {
@@ -37,6 +37,7 @@ struct GemmParams {
     int64_t ldx, ldo;
     int64_t x_stride, w_stride, out_stride;
     int m, n, k;
+    int batch, splits;
 };
 
 __device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
@@ -53,122 +54,162 @@ __device__ __forceinline__ void store_out(const GemmParams& p, int b, int tok, i
 // Feature written by a kSiluMul weight row pair: rows 16i..16i+7 are gates, 16i+8..16i+15 the matching ups.
 __device__ __forceinline__ int silu_feature(int gate_row) { return (gate_row / 16) * 8 + gate_row % 16; }
 
-template <GemmEpilogue E>
-__device__ __forceinline__ void store_silu(const GemmParams& p, int b, int tok, int gate_row, float gate,
-                                           float up) {
+__device__ __forceinline__ void store_silu(const GemmParams& p, int b, int tok, int gate_row, float gate, float up) {
     static_cast<bf16*>(p.out)[b * p.out_stride + tok * p.ldo + silu_feature(gate_row)] =
         __float2bfloat16(silu(gate) * up);
 }
 
-template <int NT, GemmEpilogue E>
-__global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int g = lane / 4, t = lane % 4;
+__device__ __forceinline__ uint4 load_shared16(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+
+// One CTA: weight rows [tile * kRows, +kRows) of one batch entry over the chunks of its K split, for every
+// token tile. Each stage brings kChunk columns of every weight row and token row into shared memory with one
+// bulk copy per row (1 KB contiguous per weight row), completing on the slot's barrier. The weight copies of
+// the first stages are issued before grid_dependency_wait: under a dependent launch they overlap the previous
+// kernel.
+template <int RT, int NT, int S, GemmEpilogue E>
+__global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmParams p) {
+    using C = Config<RT, NT, S>;
+    extern __shared__ __align__(128) uint8_t ring[];
+    float* part_sums = reinterpret_cast<float*>(ring);  // [kWarps][kRows][kTokens], once every stage is consumed
+    uint64_t* full = reinterpret_cast<uint64_t*>(ring + S * C::kStageBytes);
+    __shared__ bool is_last;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int b = blockIdx.z, tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
     const bf16* x = p.x + b * p.x_stride;
     const bf16* w = p.w + b * p.w_stride;
-    const int row_a = tile * kRowsPerCta + warp * 16 + g, row_b = row_a + 8;
-    const bool valid_a = row_a < p.n, valid_b = row_b < p.n;
-    const bf16* w_a = w + static_cast<int64_t>(valid_a ? row_a : 0) * p.k;
-    const bf16* w_b = w + static_cast<int64_t>(valid_b ? row_b : 0) * p.k;
-    const int steps = (p.k + kStepK - 1) / kStepK;
-    const int step_begin = split * steps / splits, step_end = (split + 1) * steps / splits;
+    const int row0 = tile * C::kRows, rows = min(C::kRows, p.n - row0);
+    const int chunks = (p.k + kChunk - 1) / kChunk;
+    const int c_begin = split * chunks / splits, c_end = (split + 1) * chunks / splits, nc = c_end - c_begin;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; ++s) barrier_init(&full[s]);
+        barrier_init_fence();
+    }
+    __syncthreads();
 
-    // Weights: each thread prefetches exactly the fragments it will consume into its own smem slots
-    // (consecutive lanes, 16 B each: conflict-free). Activations of the CTA's token tile are shared by its
-    // warps, so a barrier per stage publishes them (and frees the stage refilled next).
-    using P = Pipe<NT>;
-    extern __shared__ uint4 stage_smem[];
-    uint4* w_smem = stage_smem;
-    bf16* x_smem = reinterpret_cast<bf16*>(stage_smem + P::kStages * P::kWeightU4);
-    int tok0 = 0;
-    auto issue = [&](int step) {
-        uint4* dst = w_smem + (step % P::kStages) * P::kWeightU4 + threadIdx.x;
-#pragma unroll
-        for (int j = 0; j < kSubSteps; ++j) {
-            const int kk = step * kStepK + 32 * j + 8 * t;
-            const bool in_k = kk < p.k;
-            cp_async16_zfill(dst + (2 * j) * kThreads, w_a + (in_k ? kk : 0), valid_a && in_k);
-            cp_async16_zfill(dst + (2 * j + 1) * kThreads, w_b + (in_k ? kk : 0), valid_b && in_k);
+    auto chunk_bytes = [&](int c) { return static_cast<uint32_t>(min(kChunk, p.k - c * kChunk) * 2); };
+    // Warp 0 only. Weights count on the slot's barrier without arriving; the tokens' copies arrive.
+    auto issue_weights = [&](int c, int slot) {
+        const uint32_t bytes = chunk_bytes(c);
+        if (lane == 0) barrier_expect_tx(&full[slot], bytes * rows);
+        __syncwarp();
+        uint8_t* dst = ring + slot * C::kStageBytes;
+        for (int r = lane; r < rows; r += 32) {
+            bulk_copy_streamed(dst + r * kRowBytes, w + static_cast<int64_t>(row0 + r) * p.k + c * kChunk, bytes,
+                               &full[slot]);
         }
-        bf16* xs = x_smem + (step % P::kStages) * P::kXElems;
-        for (int c = threadIdx.x; c < P::kRows * (kStepK / 8); c += kThreads) {
-            const int r = c / (kStepK / 8), kk = step * kStepK + (c % (kStepK / 8)) * 8;
-            const int tok = tok0 + r;
-            const bool valid = tok < p.m && kk < p.k;
-            cp_async16_zfill(xs + r * kXLd + (c % (kStepK / 8)) * 8,
-                             x + static_cast<int64_t>(valid ? tok : 0) * p.ldx + (valid ? kk : 0), valid);
+    };
+    auto issue_tokens = [&](int c, int slot, int tok0) {
+        const uint32_t bytes = chunk_bytes(c);
+        const int toks = min(C::kTokens, p.m - tok0);
+        if (lane == 0) barrier_arrive_expect_tx(&full[slot], bytes * toks);
+        __syncwarp();
+        uint8_t* dst = ring + slot * C::kStageBytes + C::kRows * kRowBytes;
+        for (int r = lane; r < toks; r += 32) {
+            bulk_copy(dst + r * kRowBytes, x + static_cast<int64_t>(tok0 + r) * p.ldx + c * kChunk, bytes,
+                      &full[slot]);
         }
     };
 
-    for (; tok0 < p.m; tok0 += P::kRows) {
-        float acc[NT][4];
-#pragma unroll
-        for (int i = 0; i < NT; ++i) {
-            acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    uint32_t stage = 0;  // stages consumed so far: slot stage % S, barrier phase (stage / S) & 1
+    for (int tok0 = 0; tok0 < p.m; tok0 += C::kTokens) {
+        const int ahead = min(S, nc);
+        if (warp == 0) {
+            for (int s = 0; s < ahead; ++s) issue_weights(c_begin + s, (stage + s) % S);
         }
-#pragma unroll
-        for (int s = 0; s < P::kStages - 1; ++s) {
-            if (step_begin + s < step_end) issue(step_begin + s);
-            cp_async_commit();
+        if (tok0 == 0) {
+            grid_dependency_wait();  // activations, outputs and workspace belong to earlier kernels until here
+            allow_dependent_launch();
         }
-        for (int step = step_begin; step < step_end; ++step) {
-            cp_async_wait<P::kStages - 2>();
-            __syncthreads();
-            if (step + P::kStages - 1 < step_end) issue(step + P::kStages - 1);
-            cp_async_commit();
-            const uint4* src = w_smem + (step % P::kStages) * P::kWeightU4 + threadIdx.x;
-            const bf16* xs = x_smem + (step % P::kStages) * P::kXElems;
-            uint4 wa[kSubSteps], wb[kSubSteps];
+        if (warp == 0) {
+            for (int s = 0; s < ahead; ++s) issue_tokens(c_begin + s, (stage + s) % S, tok0);
+        }
+
+        float acc[RT][NT][4];
 #pragma unroll
-            for (int j = 0; j < kSubSteps; ++j) {
-                wa[j] = src[(2 * j) * kThreads];
-                wb[j] = src[(2 * j + 1) * kThreads];
+        for (int r = 0; r < RT; ++r) {
+#pragma unroll
+            for (int i = 0; i < NT; ++i) acc[r][i][0] = acc[r][i][1] = acc[r][i][2] = acc[r][i][3] = 0.f;
+        }
+        for (int ci = 0; ci < nc; ++ci, ++stage) {
+            const int slot = stage % S;
+            barrier_wait(&full[slot], (stage / S) & 1);
+            const uint8_t* ws = ring + slot * C::kStageBytes;
+            const uint8_t* xs = ws + C::kRows * kRowBytes;
+#pragma unroll
+            for (int j = 0; j < kPart / 32; ++j) {
+                // Each thread's 8 consecutive k feed slots {2t,2t+1,2t+8,2t+9} of two k16 MMAs; weights and
+                // activations use the same permutation, so the dot products are unchanged. Columns past K and
+                // token rows past M hold stale bytes: the weights are zeroed past K, and stale token columns
+                // only reach outputs that are never stored.
+                const int col = warp * kPart + 32 * j + 8 * t;
+                const bool in_k = (c_begin + ci) * kChunk + col < p.k;
+                const uint4 zero = make_uint4(0, 0, 0, 0);
+                uint4 xv[NT];
+#pragma unroll
+                for (int i = 0; i < NT; ++i) xv[i] = in_k ? load_shared16(xs + (8 * i + g) * kRowBytes + col * 2) : zero;
+#pragma unroll
+                for (int r = 0; r < RT; ++r) {
+                    const uint4 wa = in_k ? load_shared16(ws + (16 * r + g) * kRowBytes + col * 2) : zero;
+                    const uint4 wb = in_k ? load_shared16(ws + (16 * r + g + 8) * kRowBytes + col * 2) : zero;
+#pragma unroll
+                    for (int i = 0; i < NT; ++i) {
+                        mma_bf16_16816(acc[r][i], wa.x, wb.x, wa.y, wb.y, xv[i].x, xv[i].y);
+                        mma_bf16_16816(acc[r][i], wa.z, wb.z, wa.w, wb.w, xv[i].z, xv[i].w);
+                    }
+                }
             }
+            __syncthreads();  // every warp is done with this slot
+            if (warp == 0 && ci + S < nc) {
+                issue_weights(c_begin + ci + S, slot);
+                issue_tokens(c_begin + ci + S, slot, tok0);
+            }
+        }
+
+        // The four k-parts of each output, summed in part order: the order depends on K alone.
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
 #pragma unroll
             for (int i = 0; i < NT; ++i) {
-#pragma unroll
-                for (int j = 0; j < kSubSteps; ++j) {
-                    // Each thread's 8 consecutive k feed slots {2t,2t+1,2t+8,2t+9} of two k16 MMAs; weights
-                    // and activations use the same permutation, so the dot products are unchanged.
-                    const uint4 xa = *reinterpret_cast<const uint4*>(xs + (8 * i + g) * kXLd + 32 * j + 8 * t);
-                    mma_bf16_16816(acc[i], wa[j].x, wb[j].x, wa[j].y, wb[j].y, xa.x, xa.y);
-                    mma_bf16_16816(acc[i], wa[j].z, wb[j].z, wa[j].w, wb[j].w, xa.z, xa.w);
-                }
+                float* dst = part_sums + (warp * C::kRows + 16 * r + g) * C::kTokens + 8 * i + 2 * t;
+                dst[0] = acc[r][i][0];
+                dst[1] = acc[r][i][1];
+                dst[8 * C::kTokens] = acc[r][i][2];
+                dst[8 * C::kTokens + 1] = acc[r][i][3];
             }
         }
-        cp_async_wait<0>();
-        __syncthreads();  // the next token tile refills every stage
-#pragma unroll
-        for (int i = 0; i < NT; ++i) {
-            const int tok = tok0 + 8 * i + 2 * t;
-            if (splits == 1) {
-                if constexpr (E == GemmEpilogue::kSiluMul) {
-                    if (valid_a) {
-                        if (tok < p.m) store_silu<E>(p, b, tok, row_a, acc[i][0], acc[i][2]);
-                        if (tok + 1 < p.m) store_silu<E>(p, b, tok + 1, row_a, acc[i][1], acc[i][3]);
-                    }
-                } else {
-                    if (valid_a && tok < p.m) store_out<E>(p, b, tok, row_a, acc[i][0]);
-                    if (valid_a && tok + 1 < p.m) store_out<E>(p, b, tok + 1, row_a, acc[i][1]);
-                    if (valid_b && tok < p.m) store_out<E>(p, b, tok, row_b, acc[i][2]);
-                    if (valid_b && tok + 1 < p.m) store_out<E>(p, b, tok + 1, row_b, acc[i][3]);
-                }
-            } else {
-                float* part = p.workspace + (static_cast<int64_t>(b) * splits + split) * p.m * p.n;
-                if (valid_a && tok < p.m) part[static_cast<int64_t>(tok) * p.n + row_a] = acc[i][0];
-                if (valid_a && tok + 1 < p.m) part[static_cast<int64_t>(tok + 1) * p.n + row_a] = acc[i][1];
-                if (valid_b && tok < p.m) part[static_cast<int64_t>(tok) * p.n + row_b] = acc[i][2];
-                if (valid_b && tok + 1 < p.m) part[static_cast<int64_t>(tok + 1) * p.n + row_b] = acc[i][3];
+        __syncthreads();
+        auto sum_parts = [&](int row, int tok) {
+            const float* src = part_sums + row * C::kTokens + tok;
+            constexpr int kPartStride = C::kRows * C::kTokens;
+            return ((src[0] + src[kPartStride]) + src[2 * kPartStride]) + src[3 * kPartStride];
+        };
+        const int toks = min(C::kTokens, p.m - tok0);
+        if (splits > 1) {
+            float* part = p.workspace + (static_cast<int64_t>(b) * splits + split) * p.m * p.n;
+            for (int idx = threadIdx.x; idx < toks * C::kRows; idx += kThreads) {
+                const int tok = idx / C::kRows, row = idx % C::kRows;
+                if (row < rows) part[static_cast<int64_t>(tok0 + tok) * p.n + row0 + row] = sum_parts(row, tok);
+            }
+        } else if constexpr (E == GemmEpilogue::kSiluMul) {
+            for (int idx = threadIdx.x; idx < toks * (C::kRows / 2); idx += kThreads) {
+                const int tok = idx / (C::kRows / 2), f = idx % (C::kRows / 2);
+                const int gate = (f / 8) * 16 + f % 8;
+                if (gate < rows) store_silu(p, b, tok0 + tok, row0 + gate, sum_parts(gate, tok), sum_parts(gate + 8, tok));
+            }
+        } else {
+            for (int idx = threadIdx.x; idx < toks * C::kRows; idx += kThreads) {
+                const int tok = idx / C::kRows, row = idx % C::kRows;
+                if (row < rows) store_out<E>(p, b, tok0 + tok, row0 + row, sum_parts(row, tok));
             }
         }
+        fence_proxy_async();  // the next token tile's bulk copies overwrite these sums
+        __syncthreads();
     }
     if (splits == 1) {
         return;
     }
 
     // The last split of this tile to arrive sums every split's partial in split order.
-    __shared__ bool is_last;
     __threadfence();
     __syncthreads();
     int* counter = p.counters + b * gridDim.x + tile;
@@ -193,37 +234,40 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(GemmParams p) {
         return sum;
     };
     if constexpr (E == GemmEpilogue::kSiluMul) {
-        for (int idx = threadIdx.x; idx < p.m * (kRowsPerCta / 2); idx += kThreads) {
-            const int tok = idx / (kRowsPerCta / 2), f = idx % (kRowsPerCta / 2);
-            const int gate_row = tile * kRowsPerCta + (f / 8) * 16 + f % 8;
-            if (gate_row < p.n) {
-                store_silu<E>(p, b, tok, gate_row, reduce(tok, gate_row), reduce(tok, gate_row + 8));
-            }
+        for (int idx = threadIdx.x; idx < p.m * (C::kRows / 2); idx += kThreads) {
+            const int tok = idx / (C::kRows / 2), f = idx % (C::kRows / 2);
+            const int gate = row0 + (f / 8) * 16 + f % 8;
+            if (gate - row0 < rows) store_silu(p, b, tok, gate, reduce(tok, gate), reduce(tok, gate + 8));
         }
     } else {
-        for (int idx = threadIdx.x; idx < p.m * kRowsPerCta; idx += kThreads) {
-            const int tok = idx / kRowsPerCta, row = tile * kRowsPerCta + idx % kRowsPerCta;
-            if (row < p.n) {
-                store_out<E>(p, b, tok, row, reduce(tok, row));
-            }
+        for (int idx = threadIdx.x; idx < p.m * C::kRows; idx += kThreads) {
+            const int tok = idx / C::kRows, row = row0 + idx % C::kRows;
+            if (row - row0 < rows) store_out<E>(p, b, tok, row, reduce(tok, row));
         }
     }
 }
 
-template <int NT, GemmEpilogue E>
-cudaError_t launch_nt(const GemmParams& p, dim3 grid, cudaStream_t stream) {
+template <int RT, int NT, int S, GemmEpilogue E>
+cudaError_t launch_config(const GemmParams& p, cudaStream_t stream) {
+    using C = Config<RT, NT, S>;
+    auto* kernel = gemm_kernel<RT, NT, S, E>;
     static std::atomic<uint64_t> configured{0};
-    DDTREE_RETURN_IF_ERROR(opt_in_smem(gemm_kernel<NT, E>, Pipe<NT>::kSmemBytes, configured));
-    gemm_kernel<NT, E><<<grid, kThreads, Pipe<NT>::kSmemBytes, stream>>>(p);
-    return cudaGetLastError();
+    DDTREE_RETURN_IF_ERROR(opt_in_smem(kernel, C::kSmemBytes, configured));
+    const dim3 grid((p.n + C::kRows - 1) / C::kRows, p.splits, p.batch);
+    return launch_dependent(kernel, grid, dim3(kThreads), C::kSmemBytes, stream, p);
 }
 
+// Tiles by token count: more weight rows per CTA as tokens grow keeps the activation reads from L2 at most
+// half the weight bytes up to 16 tokens. When every K split is a single chunk (small K, or many splits) a
+// deeper ring has nothing to prefetch, so one stage lets 2-4x more CTAs share an SM. The reduction order of an
+// output never depends on the choice.
 template <GemmEpilogue E>
-cudaError_t launch(const GemmParams& p, dim3 grid, cudaStream_t stream) {
-    if (p.m <= 8) return launch_nt<1, E>(p, grid, stream);
-    if (p.m <= 16) return launch_nt<2, E>(p, grid, stream);
-    if (p.m <= 32) return launch_nt<4, E>(p, grid, stream);
-    return launch_nt<8, E>(p, grid, stream);
+cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
+    const bool one_chunk = (p.k + kChunk - 1) / kChunk <= p.splits;
+    if (p.m <= 8) return one_chunk ? launch_config<1, 1, 1, E>(p, stream) : launch_config<1, 1, 4, E>(p, stream);
+    if (p.m <= 16) return one_chunk ? launch_config<2, 2, 1, E>(p, stream) : launch_config<2, 2, 2, E>(p, stream);
+    if (p.m <= 32) return one_chunk ? launch_config<2, 4, 1, E>(p, stream) : launch_config<2, 4, 3, E>(p, stream);
+    return one_chunk ? launch_config<2, 8, 1, E>(p, stream) : launch_config<2, 8, 2, E>(p, stream);
 }
 
 __global__ void transpose_kernel(bf16* dst, const bf16* src, int rows, int cols) {
@@ -294,10 +338,13 @@ cudaError_t fill_random_bytes(uint8_t* dst, int64_t count, uint64_t seed, int lo
 }
 
 int gemm_split_count(int n, int k, int batch) {
-    const int tiles = (n + kRowsPerCta - 1) / kRowsPerCta * batch;
-    const int steps = (k + kStepK - 1) / kStepK;
-    int splits = (kTargetCtas + tiles - 1) / tiles;
-    splits = std::min({splits, kMaxSplits, steps / kMinStepsPerSplit});
+    int device = 0, sms = 132;
+    if (cudaGetDevice(&device) == cudaSuccess) {
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    }
+    const int tiles = (n + kTileRows - 1) / kTileRows * batch;
+    const int chunks = (k + kChunk - 1) / kChunk;
+    const int splits = std::min({(kMinTilesPerSm * sms + tiles - 1) / tiles, kMaxSplits, chunks});
     return std::max(splits, 1);
 }
 
@@ -306,14 +353,18 @@ int64_t gemm_workspace_floats(int max_m, int n, int k, int batch) {
     return splits == 1 ? 0 : static_cast<int64_t>(batch) * splits * max_m * n;
 }
 
-int64_t gemm_counter_count(int n, int batch) {
-    return static_cast<int64_t>((n + kRowsPerCta - 1) / kRowsPerCta) * batch;
+int64_t gemm_counter_count(int n, int batch) { return static_cast<int64_t>((n + kTileRows - 1) / kTileRows) * batch; }
+
+bool gemm_operands_aligned(const bf16* x, int64_t ldx, const bf16* w, int k, const GemmBatch& batch) {
+    const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+    return aligned(x) && aligned(w) && ldx % 8 == 0 && k % 8 == 0 && batch.x_stride % 8 == 0 &&
+           batch.w_stride % 8 == 0;
 }
 
 cudaError_t gemm_bf16(const bf16* x, int64_t ldx, const bf16* w, void* out, int64_t ldo, int m, int n, int k,
                       GemmEpilogue epilogue, GemmBatch batch, float* workspace, int* counters,
                       cudaStream_t stream) {
-    if (m < 0 || n <= 0 || k <= 0 || k % 8 || ldx % 8 || batch.count <= 0 ||
+    if (m < 0 || n <= 0 || k <= 0 || batch.count <= 0 || !gemm_operands_aligned(x, ldx, w, k, batch) ||
         (epilogue == GemmEpilogue::kSiluMul && n % 16)) {
         return cudaErrorInvalidValue;
     }
@@ -325,15 +376,14 @@ cudaError_t gemm_bf16(const bf16* x, int64_t ldx, const bf16* w, void* out, int6
         return cudaErrorInvalidValue;
     }
     const GemmParams p{x, w, out, workspace, counters, ldx, ldo, batch.x_stride, batch.w_stride,
-                       batch.out_stride, m, n, k};
-    const dim3 grid((n + kRowsPerCta - 1) / kRowsPerCta, splits, batch.count);
+                       batch.out_stride, m, n, k, batch.count, splits};
     switch (epilogue) {
         case GemmEpilogue::kBf16:
-            return launch<GemmEpilogue::kBf16>(p, grid, stream);
+            return launch<GemmEpilogue::kBf16>(p, stream);
         case GemmEpilogue::kF32:
-            return launch<GemmEpilogue::kF32>(p, grid, stream);
+            return launch<GemmEpilogue::kF32>(p, stream);
         case GemmEpilogue::kSiluMul:
-            return launch<GemmEpilogue::kSiluMul>(p, grid, stream);
+            return launch<GemmEpilogue::kSiluMul>(p, stream);
     }
     return cudaErrorInvalidValue;
 }

@@ -1,5 +1,5 @@
 // Device helpers shared by the tensor-core kernels (gemm, mla_attn, moe_marlin): mma.sync, ldmatrix, cp.async,
-// loads.
+// loads, bulk copies.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -92,6 +92,65 @@ inline cudaError_t opt_in_smem(Kernel* kernel, int bytes, std::atomic<uint64_t>&
         done.fetch_or(bit);
     }
     return cudaSuccess;
+}
+
+// ---- Bulk (TMA) copies global -> shared completing on an mbarrier (one arrival per phase). ----
+
+// L2 evict-first policy for a stream read once per call (what `createpolicy.fractional.L2::evict_first 1.0`
+// yields; a constant because ptxas 13.0 mis-allocated the createpolicy form's registers).
+constexpr uint64_t kL2EvictFirstPolicy = 0x12F0000000000000ull;
+
+__device__ __forceinline__ void barrier_init(uint64_t* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)));
+}
+
+// Makes initialised barriers visible to the async proxy (bulk copies) and the other threads after a sync.
+__device__ __forceinline__ void barrier_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// Adds `bytes` to the transactions the current phase waits for, without arriving.
+__device__ __forceinline__ void barrier_expect_tx(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+
+// Adds `bytes` and arrives: the phase completes once those bytes have landed.
+__device__ __forceinline__ void barrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+
+// Waits until phase `parity` of the barrier completed; the bytes it counted are then visible to this thread.
+__device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
+    asm volatile(
+        "{\n .reg .pred done;\n BARRIER_WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        " @!done bra BARRIER_WAIT;\n}\n" ::"r"(smem_addr(bar)),
+        "r"(parity)
+        : "memory");
+}
+
+// `bytes` (multiple of 16, 16-byte aligned ends) from global to shared, counted on `bar`; evict-first in L2.
+__device__ __forceinline__ void bulk_copy_streamed(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
+        "%4;\n" ::"r"(smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(kL2EvictFirstPolicy)
+        : "memory");
+}
+
+// As bulk_copy_streamed, for data other CTAs read too (activations): default L2 policy.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+            smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(bar))
+        : "memory");
+}
+
+// Orders this thread's earlier shared-memory accesses before later bulk copies into the same bytes.
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 }  // namespace ddtree::kernels

@@ -1,5 +1,15 @@
 // Absorbed-MLA attention: one CTA per (query row, chunk of kMlaChunk keys, group of 64 heads), then a merge
-// of the chunk partials in chunk order. All 64 heads share each key tile, so the latent cache is read once.
+// of the chunk partials in chunk order.
+//
+// The chunk kernel uses Hopper warpgroup MMAs (wgmma) so that every cache byte is read from shared memory
+// about once per use: with mma.sync each warp re-reads its operands from shared memory, and the kernel was bound
+// by shared-memory bandwidth at a quarter of HBM speed. Three warpgroups share a 4-stage cp.async ring of
+// 32-key tiles:
+//   warpgroup 0: S = Q K^T for tile i (all 64 heads = wgmma M, Q and K from 128-byte-swizzled shared memory),
+//                online softmax in registers, P (bf16) and the rescale factor to shared memory;
+//   warpgroups 1, 2: O[:, half] = O * alpha + P V for tile i - 1 (P from registers, V = the same cache tile
+//                read MN-major), each owning half of the latent columns (128 fp32 accumulators per thread).
+// One CTA barrier per tile separates the two stages. Every reduction order is fixed by key positions alone.
 #include <cmath>
 
 #include "gemm_mma.cuh"
@@ -8,33 +18,115 @@
 namespace ddtree::kernels {
 namespace {
 
-constexpr int kHeads = 64;      // heads per CTA: four m16 tiles
-constexpr int kWarps = 16;      // S: 4 head tiles x 4 key octets; PV: 4 head tiles x 4 latent column quarters
-static_assert(kWarps * 32 == kHeads * 8, "softmax: 8 threads per head row");
-constexpr int kThreads = kWarps * 32;
-constexpr int kTileKeys = 32;
-constexpr int kStages = 3;
-constexpr int kSLd = kTileKeys + 1;  // fp32 scores, padded against bank conflicts
-constexpr int kPLd = kTileKeys + 8;  // bf16 probabilities, rows 16-byte aligned for ldmatrix
+constexpr int kHeads = 64;        // heads per CTA: the wgmma M
+constexpr int kTileKeys = 32;     // keys per pipeline tile: the S wgmma N
+constexpr int kStages = 4;        // cache tiles in flight: 2 ahead of S, 1 in S, 1 in P.V
+constexpr int kThreads = 3 * 128;
+constexpr int kSwizzleRow = 128;  // bytes per row of a 128-byte-swizzled block of 64 bf16 columns
 constexpr float kLog2e = 1.4426950408889634f;
 
 template <int DL, int DR>
-struct Layout {
+struct Tile {
     static constexpr int D = DL + DR;
-    static constexpr int LD = D + 8;  // smem row stride (elements): 16-byte aligned, shifts banks per row
-    static constexpr int q_elems = kHeads * LD;
-    static constexpr int kv_elems = kStages * kTileKeys * LD;
-    static constexpr size_t bytes = (q_elems + kv_elems) * 2 + kHeads * kSLd * 4 + kHeads * kPLd * 2 + 3 * kHeads * 4;
+    static constexpr int kBlocks = (D + 63) / 64;  // 64-column swizzled blocks per row
+    static constexpr int kKSteps = D / 16;         // S wgmma k16 steps; padding columns are never read
+    // P.V column split: two warpgroups of DL/2 columns, or one warpgroup over the first 64-column block when
+    // DL is too small to split into whole blocks (its extra columns are computed and dropped).
+    static constexpr int kPvGroups = DL >= 128 ? 2 : 1;
+    static constexpr int kPvBlocks = DL >= 128 ? DL / 128 : 1;  // 64-column wgmma blocks per P.V warpgroup
+    static constexpr int q_bytes = kBlocks * kHeads * kSwizzleRow;
+    static constexpr int stage_bytes = kBlocks * kTileKeys * kSwizzleRow;
+    static constexpr int p_bytes = kHeads * kTileKeys * 2;
+    static constexpr size_t bytes = 1024 + q_bytes + kStages * stage_bytes + 2 * p_bytes + 2 * kHeads * 4;
+    static_assert(D % 16 == 0 && DL % 8 == 0 && (DL % 128 == 0 || DL <= 64), "unsupported MLA dims");
 };
+
+// Byte offset of 16-byte column chunk `c` of row `r` in a tile of `rows` rows stored as 64-column blocks of
+// 128-byte rows with the 128-byte swizzle (chunk ^= row % 8) that wgmma descriptors expect.
+__device__ __forceinline__ uint32_t swizzled(int r, int c, int rows) {
+    return (c / 8) * rows * kSwizzleRow + r * kSwizzleRow + ((c % 8) ^ (r % 8)) * 16;
+}
+
+// P tile [64 heads][32 keys] bf16, 64-byte rows: chunk ^= (row / 2) % 4 keeps ldmatrix and stores conflict-free.
+__device__ __forceinline__ uint32_t p_offset(int r, int chunk) { return r * 64 + ((chunk ^ ((r >> 1) & 3)) * 16); }
+
+// wgmma shared-memory descriptor, 128-byte swizzle. K-major: sbo = stride of 8-row groups (lbo unused);
+// MN-major: lbo = stride of 64-column blocks, sbo = stride of 8-row (K) groups.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16 |
+           static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32 | uint64_t{1} << 62;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+
+// Keeps the compiler from moving accumulator reads/writes across wgmma issue and wait.
+template <int N>
+__device__ __forceinline__ void fence_registers(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+#define DDTREE_F4(d, b) "+f"(d[b]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3])
+#define DDTREE_F16(d, b) DDTREE_F4(d, b), DDTREE_F4(d, b + 4), DDTREE_F4(d, b + 8), DDTREE_F4(d, b + 12)
+
+// d[64 x 32] (+)= A[64 x 16] B[16 x 32]; A and B K-major in shared memory.
+__device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+        "%12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : DDTREE_F16(d, 0)
+        : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// d[64 x 64] += A[64 x 16] B[16 x 64]; A in registers (mma.sync A-fragment layout per warp), B MN-major.
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+        "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : DDTREE_F16(d, 0), DDTREE_F16(d, 16)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+#undef DDTREE_F16
+#undef DDTREE_F4
+
+// The cache is streamed once per launch: let it leave L2 first, so the chunk partials stay there for the merge.
+__device__ __forceinline__ uint64_t evict_first_policy() {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    return policy;
+}
+
+__device__ __forceinline__ void cp_async16_stream(uint32_t smem, const void* gmem, bool valid, uint64_t policy) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem), "l"(gmem),
+                 "r"(valid ? 16 : 0), "l"(policy));
+}
+
+__device__ __forceinline__ void fence_async_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Every thread: its copies of tile `i` have landed and are visible to wgmma (async proxy); the barrier then
+// publishes everything written before it (tile i, P and alpha of tile i - 1) and retires tile i - 2's stage.
+// Warpgroup 0 leaves its newest group (tile i + 1) in flight; the others only ever copy group 0.
+template <int kPending>
+__device__ __forceinline__ void tile_barrier() {
+    cp_async_wait<kPending>();
+    fence_async_proxy();
+    __syncthreads();
+}
 
 template <int DL, int DR>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_chunk_kernel(const bf16* __restrict__ q, const bf16* __restrict__ cache, const int32_t* kv_start,
                      const int32_t* kv_len, int heads, float scale_log2, float* part_o, float* part_ml,
                      int max_chunks) {
-    using L = Layout<DL, DR>;
-    constexpr int D = L::D, LD = L::LD, NTW = DL / 32;  // n8 tiles per warp in P.V
-    static_assert(D % 16 == 0 && DL % 32 == 0, "unsupported MLA dims");
+    using T = Tile<DL, DR>;
+    constexpr int D = T::D, kRowChunks = D / 8;
+    allow_dependent_launch();  // the merge kernel may start early; it waits for this grid before reading
     const int chunk = blockIdx.x, row = blockIdx.y, h0 = blockIdx.z * kHeads;
     const int len = kv_len[row];
     const int key0 = chunk * kMlaChunk;
@@ -44,195 +136,246 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int nkeys = min(kMlaChunk, len - key0);
     const int ntiles = (nkeys + kTileKeys - 1) / kTileKeys;
     const bf16* kv = cache + (static_cast<int64_t>(kv_start[row]) + key0) * D;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
 
-    extern __shared__ __align__(16) unsigned char smem[];
-    bf16* s_q = reinterpret_cast<bf16*>(smem);
-    bf16* s_kv = s_q + L::q_elems;
-    float* s_s = reinterpret_cast<float*>(s_kv + L::kv_elems);
-    bf16* s_p = reinterpret_cast<bf16*>(s_s + kHeads * kSLd);
-    float* s_alpha = reinterpret_cast<float*>(s_p + kHeads * kPLd);
-    float* s_m = s_alpha + kHeads;
-    float* s_l = s_m + kHeads;
+    // Swizzled operands need 1024-byte-aligned blocks (the swizzle acts on address bits 4-9).
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
+    unsigned char* s_q = smem;
+    unsigned char* s_kv = s_q + T::q_bytes;
+    unsigned char* s_p = s_kv + kStages * T::stage_bytes;
+    float* s_alpha = reinterpret_cast<float*>(s_p + 2 * T::p_bytes);
+    const uint32_t q_addr = smem_addr(s_q), kv_addr = smem_addr(s_kv);
 
-    for (int idx = tid; idx < kHeads * (D / 8); idx += kThreads) {
-        const int r = idx / (D / 8), c = idx % (D / 8);
+    const uint64_t policy = evict_first_policy();
+    for (int idx = tid; idx < kHeads * kRowChunks; idx += kThreads) {
+        const int r = idx / kRowChunks, c = idx % kRowChunks;
         const bool valid = h0 + r < heads;
-        cp_async16_zfill(s_q + r * LD + c * 8, q + (static_cast<int64_t>(row) * heads + (valid ? h0 + r : 0)) * D + c * 8,
-                         valid);
+        cp_async16_zfill(s_q + swizzled(r, c, kHeads),
+                         q + (static_cast<int64_t>(row) * heads + (valid ? h0 + r : 0)) * D + c * 8, valid);
     }
-    auto issue = [&](int tile) {
-        bf16* dst = s_kv + (tile % kStages) * kTileKeys * LD;
-        for (int idx = tid; idx < kTileKeys * (D / 8); idx += kThreads) {
-            const int key = idx / (D / 8), c = idx % (D / 8);
+    // Rows past the chunk's keys are zero-filled: their P is 0 and 0 * V must not become NaN.
+    auto issue = [&](int tile, int first, int stride) {
+        const uint32_t dst = kv_addr + (tile % kStages) * T::stage_bytes;
+        for (int idx = first; idx < kTileKeys * kRowChunks; idx += stride) {
+            const int key = idx / kRowChunks, c = idx % kRowChunks;
             const int k = tile * kTileKeys + key;
             const bool valid = k < nkeys;
-            cp_async16_zfill(dst + key * LD + c * 8, kv + static_cast<int64_t>(valid ? k : 0) * D + c * 8, valid);
+            cp_async16_stream(dst + swizzled(key, c, kTileKeys), kv + static_cast<int64_t>(valid ? k : 0) * D + c * 8,
+                              valid, policy);
         }
     };
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-        if (s < ntiles) issue(s);
+    // Group 0 (every thread): Q and tile 0. Later tiles are copied by warpgroup 0 alone, while its S wgmmas
+    // run, so the P.V warpgroups keep their registers for the accumulators.
+    issue(0, tid, kThreads);
+    cp_async_commit();
+    if (wg == 0) {
+        if (ntiles > 1) issue(1, tid, 128);
         cp_async_commit();
     }
-    if (tid < kHeads) {
-        s_m[tid] = -INFINITY;
-        s_l[tid] = 0.f;
-    }
 
-    const int mt = warp / 4, sub = warp % 4;
-    float o[NTW][4];
+    // Iteration i: S and softmax of tile i (warpgroup 0) beside P.V of tile i - 1 (warpgroups 1, 2).
+    if (wg == 0) {
+        const int r_lo = 16 * warp + g, r_hi = r_lo + 8;
+        float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+        float s[16];
 #pragma unroll
-    for (int n = 0; n < NTW; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+        for (int i = 0; i < 16; ++i) s[i] = 0.f;
+        const uint64_t q_desc = sw128_desc(q_addr, 16, 8 * kSwizzleRow);
+        const uint64_t k_desc = sw128_desc(kv_addr, 16, 8 * kSwizzleRow);
+        for (int tile = 0; tile <= ntiles; ++tile) {
+            tile_barrier<1>();
+            if (tile == ntiles) break;
 
-    for (int tile = 0; tile < ntiles; ++tile) {
-        cp_async_wait<kStages - 2>();
-        __syncthreads();  // this tile is visible to all; every warp is done with the stage refilled next
-        if (tile + kStages - 1 < ntiles) issue(tile + kStages - 1);
-        cp_async_commit();
-        const bf16* kvs = s_kv + (tile % kStages) * kTileKeys * LD;
-
-        // Scores for heads 16*mt.. and keys 8*sub.. of this tile, over the whole latent + rope dim: four
-        // independent MMA chains (k16 step i feeds chain i % 4), summed in a fixed order.
-        float acc4[4][4] = {};
+            const uint64_t stage_desc = k_desc + (((tile % kStages) * T::stage_bytes) >> 4);
+            fence_registers(s);
+            wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < D; kk += 16) {
-            uint32_t a[4], b[2];
-            ldmatrix_x4(a, s_q + (16 * mt + lane % 16) * LD + kk + (lane / 16) * 8);
-            ldmatrix_x2(b, kvs + (8 * sub + lane % 8) * LD + kk + ((lane / 8) % 2) * 8);
-            mma_bf16_16816(acc4[(kk / 16) % 4], a[0], a[1], a[2], a[3], b[0], b[1]);
+            for (int kk = 0; kk < T::kKSteps; ++kk) {
+                // block kk / 4 of 64 columns, k16 step kk % 4 inside its 128-byte rows (descriptor units: 16 B)
+                const uint32_t off = (kk % 4) * 2;
+                wgmma_m64n32k16_ss(s, q_desc + (kk / 4) * (kHeads * kSwizzleRow / 16) + off,
+                                   stage_desc + (kk / 4) * (kTileKeys * kSwizzleRow / 16) + off, kk > 0);
+            }
+            wgmma_commit();
+            if (tile + 2 < ntiles) issue(tile + 2, tid, 128);
+            cp_async_commit();
+            wgmma_wait_all();
+            fence_registers(s);
+
+            // Online softmax in base 2 (the scale holds log2(e)); each row's 32 scores live in the 4 lanes
+            // of one quad: s[4j + {0,1}] = row g, keys 8j + 2t + {0,1}; s[4j + {2,3}] = row g + 8.
+            float mx_lo = m_lo, mx_hi = m_hi;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const bool valid = tile * kTileKeys + 8 * j + 2 * t + e < nkeys;
+                    s[4 * j + e] = valid ? s[4 * j + e] * scale_log2 : -INFINITY;
+                    s[4 * j + 2 + e] = valid ? s[4 * j + 2 + e] * scale_log2 : -INFINITY;
+                    mx_lo = fmaxf(mx_lo, s[4 * j + e]);
+                    mx_hi = fmaxf(mx_hi, s[4 * j + 2 + e]);
+                }
+            }
+#pragma unroll
+            for (int offset = 1; offset < 4; offset <<= 1) {
+                mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, offset));
+                mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, offset));
+            }
+            unsigned char* p_tile = s_p + (tile % 2) * T::p_bytes;
+            float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float p0 = exp2f(s[4 * j] - mx_lo), p1 = exp2f(s[4 * j + 1] - mx_lo);
+                const float p2 = exp2f(s[4 * j + 2] - mx_hi), p3 = exp2f(s[4 * j + 3] - mx_hi);
+                sum_lo += p0 + p1;
+                sum_hi += p2 + p3;
+                *reinterpret_cast<uint32_t*>(p_tile + p_offset(r_lo, j) + 4 * t) = pack_bf16x2(p0, p1);
+                *reinterpret_cast<uint32_t*>(p_tile + p_offset(r_hi, j) + 4 * t) = pack_bf16x2(p2, p3);
+            }
+#pragma unroll
+            for (int offset = 1; offset < 4; offset <<= 1) {
+                sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, offset);
+                sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, offset);
+            }
+            const float alpha_lo = exp2f(m_lo - mx_lo), alpha_hi = exp2f(m_hi - mx_hi);
+            l_lo = l_lo * alpha_lo + sum_lo;
+            l_hi = l_hi * alpha_hi + sum_hi;
+            m_lo = mx_lo;
+            m_hi = mx_hi;
+            if (t == 0) {
+                s_alpha[(tile % 2) * kHeads + r_lo] = alpha_lo;
+                s_alpha[(tile % 2) * kHeads + r_hi] = alpha_hi;
+            }
         }
-        float s[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[i] = (acc4[0][i] + acc4[1][i]) + (acc4[2][i] + acc4[3][i]);
-        const int key = 8 * sub + 2 * t;
-        const bool v0 = tile * kTileKeys + key < nkeys, v1 = tile * kTileKeys + key + 1 < nkeys;
-        s_s[(16 * mt + g) * kSLd + key] = v0 ? s[0] * scale_log2 : -INFINITY;
-        s_s[(16 * mt + g) * kSLd + key + 1] = v1 ? s[1] * scale_log2 : -INFINITY;
-        s_s[(16 * mt + g + 8) * kSLd + key] = v0 ? s[2] * scale_log2 : -INFINITY;
-        s_s[(16 * mt + g + 8) * kSLd + key + 1] = v1 ? s[3] * scale_log2 : -INFINITY;
-        __syncthreads();
-
-        // Online softmax: 8 threads per head row, 4 keys each; base-2 exponent (the scale holds log2(e)).
-        {
-            constexpr int kPer = kTileKeys / 8;
-            const int r = tid / 8, part = tid % 8;
-            const float m_old = s_m[r];
-            float v[kPer], m_new = m_old;
-#pragma unroll
-            for (int j = 0; j < kPer; ++j) {
-                v[j] = s_s[r * kSLd + part * kPer + j];
-                m_new = fmaxf(m_new, v[j]);
-            }
-#pragma unroll
-            for (int offset = 1; offset < 8; offset <<= 1) {
-                m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, offset));
-            }
-            float sum = 0.f;
-#pragma unroll
-            for (int j = 0; j < kPer; ++j) {
-                const float p = exp2f(v[j] - m_new);
-                sum += p;
-                s_p[r * kPLd + part * kPer + j] = __float2bfloat16(p);
-            }
-#pragma unroll
-            for (int offset = 1; offset < 8; offset <<= 1) {
-                sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-            }
-            __syncwarp();  // every thread of the row has read s_m[r] before part 0 overwrites it
-            if (part == 0) {
-                const float alpha = exp2f(m_old - m_new);
-                s_l[r] = s_l[r] * alpha + sum;
-                s_m[r] = m_new;
-                s_alpha[r] = alpha;
-            }
+        const int64_t part = static_cast<int64_t>(row) * max_chunks + chunk;
+        if (t == 0 && h0 + r_lo < heads) {
+            *reinterpret_cast<float2*>(part_ml + (part * heads + h0 + r_lo) * 2) = make_float2(m_lo, l_lo);
         }
-        __syncthreads();
-
-        // O[heads 16*mt.., latent columns of quarter `sub`] = O * alpha + P . V
-        const float alpha_lo = s_alpha[16 * mt + g], alpha_hi = s_alpha[16 * mt + g + 8];
-#pragma unroll
-        for (int n = 0; n < NTW; ++n) {
-            o[n][0] *= alpha_lo;
-            o[n][1] *= alpha_lo;
-            o[n][2] *= alpha_hi;
-            o[n][3] *= alpha_hi;
+        if (t == 0 && h0 + r_hi < heads) {
+            *reinterpret_cast<float2*>(part_ml + (part * heads + h0 + r_hi) * 2) = make_float2(m_hi, l_hi);
         }
+    } else {
+        const int pv = wg - 1;  // column half
+        const bool active = pv < T::kPvGroups;
+        const int r_lo = 16 * warp + g;
+        const uint64_t pv_desc =
+            sw128_desc(kv_addr + pv * T::kPvBlocks * kTileKeys * kSwizzleRow, kTileKeys * kSwizzleRow, 8 * kSwizzleRow);
+        float o[T::kPvBlocks][32];
 #pragma unroll
-        for (int ks = 0; ks < kTileKeys; ks += 16) {
-            uint32_t a[4];
-            ldmatrix_x4(a, s_p + (16 * mt + lane % 16) * kPLd + ks + (lane / 16) * 8);
-            const bf16* v_rows = kvs + (ks + lane % 8 + ((lane / 8) % 2) * 8) * LD + sub * (DL / 4);
+        for (int b = 0; b < T::kPvBlocks; ++b) {
 #pragma unroll
-            for (int n = 0; n + 1 < NTW; n += 2) {
-                uint32_t b[4];
-                ldmatrix_x4_trans(b, v_rows + n * 8 + (lane / 16) * 8);
-                mma_bf16_16816(o[n], a[0], a[1], a[2], a[3], b[0], b[1]);
-                mma_bf16_16816(o[n + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+            for (int i = 0; i < 32; ++i) o[b][i] = 0.f;
+        }
+        for (int tile = 0; tile <= ntiles; ++tile) {
+            tile_barrier<0>();
+            if (tile == 0 || !active) continue;
+
+            const int prev = tile - 1;
+            const float alpha_lo = s_alpha[(prev % 2) * kHeads + r_lo];
+            const float alpha_hi = s_alpha[(prev % 2) * kHeads + r_lo + 8];
+            const unsigned char* p_tile = s_p + (prev % 2) * T::p_bytes;
+            uint32_t a[2][4];
+#pragma unroll
+            for (int kk = 0; kk < 2; ++kk) {
+                ldmatrix_x4(a[kk], p_tile + p_offset(16 * warp + lane % 16, 2 * kk + lane / 16));
             }
-            if constexpr (NTW % 2) {
-                uint32_t b[2];
-                ldmatrix_x2_trans(b, v_rows + (NTW - 1) * 8);
-                mma_bf16_16816(o[NTW - 1], a[0], a[1], a[2], a[3], b[0], b[1]);
+#pragma unroll
+            for (int b = 0; b < T::kPvBlocks; ++b) {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    o[b][4 * j] *= alpha_lo;
+                    o[b][4 * j + 1] *= alpha_lo;
+                    o[b][4 * j + 2] *= alpha_hi;
+                    o[b][4 * j + 3] *= alpha_hi;
+                }
+                fence_registers(o[b]);
+            }
+            wgmma_fence();
+            // V = the cache tile read MN-major: lbo steps 64-column blocks, sbo steps 8-key groups. Independent
+            // blocks are issued back to back; each block's two k16 steps chain.
+            const uint64_t v_desc = pv_desc + (((prev % kStages) * T::stage_bytes) >> 4);
+#pragma unroll
+            for (int kk = 0; kk < 2; ++kk) {
+#pragma unroll
+                for (int b = 0; b < T::kPvBlocks; ++b) {
+                    wgmma_m64n64k16_rs(o[b], a[kk],
+                                       v_desc + (b * kTileKeys * kSwizzleRow + kk * 16 * kSwizzleRow) / 16);
+                }
+            }
+            wgmma_commit();
+            wgmma_wait_all();
+#pragma unroll
+            for (int b = 0; b < T::kPvBlocks; ++b) fence_registers(o[b]);
+        }
+        if (active) {
+            const int64_t part = static_cast<int64_t>(row) * max_chunks + chunk;
+#pragma unroll
+            for (int b = 0; b < T::kPvBlocks; ++b) {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const int col = (pv * T::kPvBlocks + b) * 64 + 8 * j + 2 * t;
+                    if (col >= DL) continue;
+                    if (h0 + r_lo < heads) {
+                        *reinterpret_cast<float2*>(part_o + (part * heads + h0 + r_lo) * DL + col) =
+                            make_float2(o[b][4 * j], o[b][4 * j + 1]);
+                    }
+                    if (h0 + r_lo + 8 < heads) {
+                        *reinterpret_cast<float2*>(part_o + (part * heads + h0 + r_lo + 8) * DL + col) =
+                            make_float2(o[b][4 * j + 2], o[b][4 * j + 3]);
+                    }
+                }
             }
         }
     }
     cp_async_wait<0>();
-
-    const int64_t part = static_cast<int64_t>(row) * max_chunks + chunk;
-    const int head_lo = h0 + 16 * mt + g, head_hi = head_lo + 8;
-#pragma unroll
-    for (int n = 0; n < NTW; ++n) {
-        const int col = sub * (DL / 4) + n * 8 + 2 * t;
-        if (head_lo < heads) {
-            *reinterpret_cast<float2*>(part_o + (part * heads + head_lo) * DL + col) = make_float2(o[n][0], o[n][1]);
-        }
-        if (head_hi < heads) {
-            *reinterpret_cast<float2*>(part_o + (part * heads + head_hi) * DL + col) = make_float2(o[n][2], o[n][3]);
-        }
-    }
-    if (tid < kHeads && h0 + tid < heads) {
-        part_ml[(part * heads + h0 + tid) * 2] = s_m[tid];
-        part_ml[(part * heads + h0 + tid) * 2 + 1] = s_l[tid];
-    }
 }
 
-// out[row, head] = sum_c 2^(m_c - m) O_c / sum_c 2^(m_c - m) l_c, chunks in order.
+// out[row, head] = sum_c 2^(m_c - m) O_c / sum_c 2^(m_c - m) l_c, chunks in order; 4 columns per thread.
 __global__ void mla_merge_kernel(bf16* out, const float* part_o, const float* part_ml, const int32_t* kv_len,
                                  int heads, int dl, int max_chunks) {
+    grid_dependency_wait();  // the partials come from the chunk kernel just before
     const int row = blockIdx.x, head = blockIdx.y;
     const int chunks = (kv_len[row] + kMlaChunk - 1) / kMlaChunk;
     const int64_t first = static_cast<int64_t>(row) * max_chunks;
     float m = -INFINITY;
     for (int c = 0; c < chunks; ++c) m = fmaxf(m, part_ml[((first + c) * heads + head) * 2]);
-    for (int col = threadIdx.x; col < dl; col += blockDim.x) {
-        float acc = 0.f, denom = 0.f;
+    for (int col = 4 * threadIdx.x; col < dl; col += 4 * blockDim.x) {
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        float denom = 0.f;
         for (int c = 0; c < chunks; ++c) {
             const int64_t p = (first + c) * heads + head;
-            const float w = exp2f(part_ml[p * 2] - m);
-            acc += w * part_o[p * dl + col];
-            denom += w * part_ml[p * 2 + 1];
+            const float2 ml = *reinterpret_cast<const float2*>(part_ml + p * 2);
+            const float w = exp2f(ml.x - m);
+            const float4 v = *reinterpret_cast<const float4*>(part_o + p * dl + col);
+            acc.x += w * v.x;
+            acc.y += w * v.y;
+            acc.z += w * v.z;
+            acc.w += w * v.w;
+            denom += w * ml.y;
         }
-        out[(static_cast<int64_t>(row) * heads + head) * dl + col] = __float2bfloat16(acc / denom);
+        *reinterpret_cast<uint2*>(out + (static_cast<int64_t>(row) * heads + head) * dl + col) =
+            make_uint2(pack_bf16x2(acc.x / denom, acc.y / denom), pack_bf16x2(acc.z / denom, acc.w / denom));
     }
 }
 
 template <int DL, int DR>
 cudaError_t launch(bf16* out, const bf16* q, const bf16* cache, const int32_t* kv_start, const int32_t* kv_len,
                    int rows, int max_len, int heads, float softmax_scale, float* workspace, cudaStream_t stream) {
-    using L = Layout<DL, DR>;
+    using T = Tile<DL, DR>;
     const int max_chunks = (max_len + kMlaChunk - 1) / kMlaChunk;
     float* part_o = workspace;
     float* part_ml = workspace + static_cast<int64_t>(rows) * max_chunks * heads * DL;
     static std::atomic<uint64_t> configured{0};
-    DDTREE_RETURN_IF_ERROR(opt_in_smem(mla_chunk_kernel<DL, DR>, static_cast<int>(L::bytes), configured));
+    DDTREE_RETURN_IF_ERROR(opt_in_smem(mla_chunk_kernel<DL, DR>, static_cast<int>(T::bytes), configured));
     const dim3 grid(max_chunks, rows, (heads + kHeads - 1) / kHeads);
-    mla_chunk_kernel<DL, DR><<<grid, kThreads, L::bytes, stream>>>(q, cache, kv_start, kv_len, heads,
+    mla_chunk_kernel<DL, DR><<<grid, kThreads, T::bytes, stream>>>(q, cache, kv_start, kv_len, heads,
                                                                    softmax_scale * kLog2e, part_o, part_ml,
                                                                    max_chunks);
     DDTREE_RETURN_IF_ERROR(cudaGetLastError());
-    mla_merge_kernel<<<dim3(rows, heads), 128, 0, stream>>>(out, part_o, part_ml, kv_len, heads, DL, max_chunks);
-    return cudaGetLastError();
+    const int merge_threads = DL / 4 < 128 ? 32 : 128;
+    return launch_dependent(mla_merge_kernel, dim3(rows, heads), dim3(merge_threads), 0, stream, out, part_o,
+                            part_ml, kv_len, heads, DL, max_chunks);
 }
 
 }  // namespace

@@ -30,6 +30,7 @@ template <bool kFuseResidual>
 __global__ void __launch_bounds__(kThreads)
     rmsnorm_kernel(bf16* __restrict__ out, int64_t out_ld, bf16* __restrict__ residual, const bf16* __restrict__ x,
                    int64_t x_ld, const bf16* __restrict__ x2, const bf16* __restrict__ weight, int dim, float eps) {
+    allow_dependent_launch();  // a dependent GEMM next may start its weight prefetch during this kernel
     const size_t row = blockIdx.x;
     const bf16* xr = x + row * x_ld;
     const bf16* x2r = x2 != nullptr ? x2 + row * x_ld : nullptr;

@@ -22,6 +22,7 @@ __device__ __forceinline__ void rotate_pair(bf16* dst, const bf16* src, int i, i
 __global__ void rope_queries_kernel(bf16* out, int64_t out_ld, int64_t out_head, int out_offset, const bf16* q,
                                     int64_t q_ld, int64_t q_head, int q_offset, const int32_t* positions,
                                     int heads, RopeParams rope) {
+    allow_dependent_launch();  // a dependent GEMM next may start its weight prefetch during this kernel
     const int row = blockIdx.x;
     const int half = rope.rope_dim / 2;
     const int position = positions[row];
@@ -37,6 +38,7 @@ constexpr int kStoreThreads = 128;
 __global__ void __launch_bounds__(kStoreThreads)
     mla_store_kv_kernel(bf16* cache, const int32_t* slots, const bf16* kv_a, int64_t kv_ld,
                         const bf16* norm_weight, float eps, int kv_lora, const int32_t* positions, RopeParams rope) {
+    allow_dependent_launch();  // a dependent GEMM next may start its weight prefetch during this kernel
     __shared__ float warp_sums[kStoreThreads / 32];
     const int row = blockIdx.x;
     const bf16* src = kv_a + row * kv_ld;

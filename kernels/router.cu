@@ -24,6 +24,7 @@ __global__ void __launch_bounds__(kThreads)
     extern __shared__ float s_biased[];  // [experts]
     __shared__ Best warp_best[kThreads / 32];
     __shared__ int chosen[kRouterMaxTopk];
+    allow_dependent_launch();  // a dependent GEMM next may start its weight prefetch during this kernel
     const int token = blockIdx.x;
     const float* row = logits + static_cast<int64_t>(token) * experts;
     for (int e = threadIdx.x; e < experts; e += kThreads) {

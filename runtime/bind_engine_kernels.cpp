@@ -61,6 +61,9 @@ void gemm(CudaArray out, CudaArray x, CudaArray w, const std::string& epilogue, 
         throw nb::value_error("argument 'counters' is too small");
     }
     const k::GemmBatch b{batch, kk, static_cast<int64_t>(n) * kk, n_out};
+    if (!k::gemm_operands_aligned(x_p, static_cast<int64_t>(batch) * kk, w_p, kk, b)) {
+        throw nb::value_error("arguments 'x' and 'w' must start on 16-byte boundaries with k a multiple of 8");
+    }
     CUDA_CHECK(k::gemm_bf16(x_p, static_cast<int64_t>(batch) * kk, w_p, out_p, static_cast<int64_t>(batch) * n_out, m,
                             n, kk, epi, b, ws, ctr, launch_stream));
 }

@@ -36,10 +36,11 @@ def _tolerance(ref: torch.Tensor, k: int) -> float:
     return 2**-7 * ref.abs().max().item() + 1e-5 * k**0.5
 
 
-# (m, n, k): decode and prefill row counts, N not a multiple of the 64-row tile, K not a multiple of the
-# 128-wide pipeline step, and K2 shapes that take the split-K path (small N, large K).
+# (m, n, k): every token tiling (<= 8, <= 16, <= 32, <= 64 and several passes of 64), N not a multiple of the
+# 16/32-row tiles, K below, between and not a multiple of the 512-column chunks, and K2 shapes that take the
+# split-K path (small N, large K).
 SHAPES = [(1, 2112, 7168), (3, 100, 200), (16, 576, 7168), (17, 1000, 328), (64, 384, 7168), (100, 264, 1536),
-          (5, 12288, 1536), (9, 7168, 2048)]
+          (5, 12288, 1536), (9, 7168, 2048), (33, 40, 1064), (130, 48, 520)]
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
@@ -81,12 +82,44 @@ def test_gemm_batched_heads() -> None:
 def test_gemm_batch_invariant(n: int, k: int) -> None:
     x, w = _inputs(64, n, k, 11)
     full = _run(x, w, "f32", n, torch.float32)
-    for rows in (1, 16):
+    for rows in (1, 9, 16, 33):
         for start in (0, 5, 64 - rows):
             part = _run(x[start:start + rows].contiguous(), w, "f32", n, torch.float32)
             assert torch.equal(part, full[start:start + rows]), (rows, start)
     # replays reuse the self-resetting split counters: same bits again
     assert torch.equal(_run(x, w, "f32", n, torch.float32), full)
+
+
+def test_gemm_dependent_chain_in_graph() -> None:
+    """Dependent launches: each GEMM of a captured chain reads the previous one's output, so its start may
+    overlap the previous kernel only up to the wait; replays give the eager, synchronised result."""
+    m, n, k = 3, 1536, 1536
+    x, w1 = _inputs(m, n, k, 21)
+    _, w2 = _inputs(m, k, n, 22)
+    ws, counters = _scratch(m, n, k)
+    hops = [torch.full((m, n), POISON, device="cuda", dtype=torch.bfloat16) for _ in range(6)]
+    expected = [x]
+    for i in range(6):
+        expected.append(_run(expected[-1], w1 if i % 2 == 0 else w2, "bf16", n, torch.bfloat16))
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        kernels.use_stream(stream.cuda_stream)
+        try:
+            with torch.cuda.graph(graph, stream=stream):
+                src = x
+                for i, dst in enumerate(hops):
+                    kernels.gemm(dst, src, w1 if i % 2 == 0 else w2, "bf16", ws, counters)
+                    src = dst
+        finally:
+            kernels.use_stream(0)
+    for _ in range(3):
+        for h in hops:
+            h.fill_(POISON)
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, want in zip(hops, expected[1:]):
+            assert torch.equal(got, want)
 
 
 def test_gemm_rejects_bad_arguments() -> None:
@@ -99,3 +132,7 @@ def test_gemm_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="'w'"):
         kernels.gemm(torch.empty(4, 64, device="cuda", dtype=torch.bfloat16), x, w[:, :32].contiguous(), "bf16", ws,
                      counters)
+    flat = torch.empty(4 * 64 + 1, device="cuda", dtype=torch.bfloat16)
+    shifted = flat[1:].view(4, 64)  # contiguous, 2 bytes off a 16-byte boundary
+    with pytest.raises(ValueError, match="16-byte"):
+        kernels.gemm(torch.empty(4, 64, device="cuda", dtype=torch.bfloat16), shifted, w, "bf16", ws, counters)

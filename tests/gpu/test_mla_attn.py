@@ -24,7 +24,8 @@ def _setup(heads: int, lora: int, rope: int, lengths: list[int], seed: int):
 def _attend(q, cache, kv_start, kv_len, max_len, lora, scale):
     rows, heads = q.shape[:2]
     out = torch.full((rows, heads, lora), POISON, device="cuda", dtype=torch.bfloat16)
-    ws = torch.empty(kernels.mla_workspace_floats(heads, lora, q.shape[2] - lora, rows, max_len), device="cuda")
+    ws = torch.full((kernels.mla_workspace_floats(heads, lora, q.shape[2] - lora, rows, max_len),), POISON,
+                    device="cuda")
     kernels.mla_attention(out, q, cache, kv_start, kv_len, max_len, scale, ws)
     torch.cuda.synchronize()
     return out
@@ -42,8 +43,12 @@ def _reference(q, cache, kv_start, kv_len, lora, scale):
 @pytest.mark.parametrize("heads,lora,rope,lengths", [
     (64, 512, 64, [1, 31, 513, 1500]),   # K2 dims; lengths inside, at and across chunk boundaries
     (64, 512, 64, [8192]),
+    (64, 512, 64, [32, 33, 64, 65, 95, 1023, 1024, 1057]),  # around 32-key tiles and 512-key chunks
+    (16, 512, 64, [2, 600]),            # fewer heads than one CTA's 64
     (4, 32, 16, [1, 2, 77]),             # tiny preset
     (8, 128, 32, [600, 1025, 3]),        # small preset
+    (3, 128, 32, [1, 33]),               # odd head count
+    (64, 32, 16, [5, 530]),             # a full head group at tiny dims
     (70, 512, 64, [40]),                 # heads beyond one CTA's 64
 ])
 def test_mla_attention_matches_fp32(heads: int, lora: int, rope: int, lengths: list[int]) -> None:
@@ -55,15 +60,22 @@ def test_mla_attention_matches_fp32(heads: int, lora: int, rope: int, lengths: l
     torch.testing.assert_close(out.float(), ref, rtol=2**-6, atol=2**-7 * ref.abs().max().item())
 
 
-def test_mla_attention_batch_invariant() -> None:
+@pytest.mark.parametrize("heads,lora,rope", [(64, 512, 64), (8, 128, 32), (4, 32, 16)])
+def test_mla_attention_batch_invariant(heads: int, lora: int, rope: int) -> None:
     lengths = [700, 1, 3000, 513, 64, 2048, 9, 1200, 31, 777, 1600, 2, 4000, 100, 512, 1024]
-    q, cache, kv_start, kv_len, cap = _setup(64, 512, 64, lengths, 3)
-    scale = 192**-0.5
-    full = _attend(q, cache, kv_start, kv_len, cap, 512, scale)
-    for r in (0, 2, 15):
+    q, cache, kv_start, kv_len, cap = _setup(heads, lora, rope, lengths, 3)
+    scale = (128 + rope) ** -0.5
+    full = _attend(q, cache, kv_start, kv_len, cap, lora, scale)
+    for r in (0, 2, 9, 15):
         alone = _attend(q[r:r + 1].contiguous(), cache, kv_start[r:r + 1].contiguous(), kv_len[r:r + 1].contiguous(),
-                        cap, 512, scale)
+                        cap, lora, scale)
         assert torch.equal(alone, full[r:r + 1]), r
     # the max_len bound of the launch (how many chunk CTAs exist) does not change a row either
-    wider = _attend(q[:1].contiguous(), cache, kv_start[:1].contiguous(), kv_len[:1].contiguous(), 2 * cap, 512, scale)
+    wider = _attend(q[:1].contiguous(), cache, kv_start[:1].contiguous(), kv_len[:1].contiguous(), 2 * cap, lora,
+                    scale)
     assert torch.equal(wider, full[:1])
+    # nor do the other rows' positions: the same rows beside neighbours of other lengths and cache offsets
+    shifted = torch.roll(torch.arange(len(lengths), device="cuda"), 5)
+    other = _attend(q[shifted].contiguous(), cache, kv_start[shifted].contiguous(), kv_len[shifted].contiguous(),
+                    cap, lora, scale)
+    assert torch.equal(other, full[shifted])
