@@ -87,42 +87,38 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmParams p) {
     __syncthreads();
 
     auto chunk_bytes = [&](int c) { return static_cast<uint32_t>(min(kChunk, p.k - c * kChunk) * 2); };
-    // Warp 0 only. Weights count on the slot's barrier without arriving; the tokens' copies arrive.
+    // Every thread takes part: copy r is issued by lane r / kWarps of warp r % kWarps, so the warps issue their
+    // copies side by side (one warp issuing them all limits the stream). Weights count on the slot's barrier
+    // without arriving; thread 0 arrives with the tokens' bytes. A copy may land before the count is raised:
+    // the barrier's transaction count may go negative, and the phase cannot complete before the arrival.
+    const int copy_index = lane * kWarps + warp;
     auto issue_weights = [&](int c, int slot) {
         const uint32_t bytes = chunk_bytes(c);
-        if (lane == 0) barrier_expect_tx(&full[slot], bytes * rows);
-        __syncwarp();
-        uint8_t* dst = ring + slot * C::kStageBytes;
-        for (int r = lane; r < rows; r += 32) {
-            bulk_copy_streamed(dst + r * kRowBytes, w + static_cast<int64_t>(row0 + r) * p.k + c * kChunk, bytes,
-                               &full[slot]);
+        if (threadIdx.x == 0) barrier_expect_tx(&full[slot], bytes * rows);
+        if (copy_index < rows) {
+            bulk_copy_streamed(ring + slot * C::kStageBytes + copy_index * kRowBytes,
+                               w + static_cast<int64_t>(row0 + copy_index) * p.k + c * kChunk, bytes, &full[slot]);
         }
     };
     auto issue_tokens = [&](int c, int slot, int tok0) {
         const uint32_t bytes = chunk_bytes(c);
         const int toks = min(C::kTokens, p.m - tok0);
-        if (lane == 0) barrier_arrive_expect_tx(&full[slot], bytes * toks);
-        __syncwarp();
-        uint8_t* dst = ring + slot * C::kStageBytes + C::kRows * kRowBytes;
-        for (int r = lane; r < toks; r += 32) {
-            bulk_copy(dst + r * kRowBytes, x + static_cast<int64_t>(tok0 + r) * p.ldx + c * kChunk, bytes,
-                      &full[slot]);
+        if (threadIdx.x == 0) barrier_arrive_expect_tx(&full[slot], bytes * toks);
+        if (copy_index < toks) {
+            bulk_copy(ring + slot * C::kStageBytes + (C::kRows + copy_index) * kRowBytes,
+                      x + static_cast<int64_t>(tok0 + copy_index) * p.ldx + c * kChunk, bytes, &full[slot]);
         }
     };
 
     uint32_t stage = 0;  // stages consumed so far: slot stage % S, barrier phase (stage / S) & 1
     for (int tok0 = 0; tok0 < p.m; tok0 += C::kTokens) {
         const int ahead = min(S, nc);
-        if (warp == 0) {
-            for (int s = 0; s < ahead; ++s) issue_weights(c_begin + s, (stage + s) % S);
-        }
+        for (int s = 0; s < ahead; ++s) issue_weights(c_begin + s, (stage + s) % S);
         if (tok0 == 0) {
             grid_dependency_wait();  // activations, outputs and workspace belong to earlier kernels until here
             allow_dependent_launch();
         }
-        if (warp == 0) {
-            for (int s = 0; s < ahead; ++s) issue_tokens(c_begin + s, (stage + s) % S, tok0);
-        }
+        for (int s = 0; s < ahead; ++s) issue_tokens(c_begin + s, (stage + s) % S, tok0);
 
         float acc[RT][NT][4];
 #pragma unroll
@@ -159,7 +155,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmParams p) {
                 }
             }
             __syncthreads();  // every warp is done with this slot
-            if (warp == 0 && ci + S < nc) {
+            if (ci + S < nc) {
                 issue_weights(c_begin + ci + S, slot);
                 issue_tokens(c_begin + ci + S, slot, tok0);
             }
@@ -258,16 +254,16 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream) {
 }
 
 // Tiles by token count: more weight rows per CTA as tokens grow keeps the activation reads from L2 at most
-// half the weight bytes up to 16 tokens. When every K split is a single chunk (small K, or many splits) a
-// deeper ring has nothing to prefetch, so one stage lets 2-4x more CTAs share an SM. The reduction order of an
-// output never depends on the choice.
+// the weight bytes; above 32 tokens the weights are streamed once per 32-token tile rather than holding a
+// 64-token activation stage that leaves room for only two stages. When every K split is a single chunk (small
+// K, or many splits) a deeper ring has nothing to prefetch, so one stage lets 2-4x more CTAs share an SM. The
+// reduction order of an output never depends on the choice.
 template <GemmEpilogue E>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
     const bool one_chunk = (p.k + kChunk - 1) / kChunk <= p.splits;
     if (p.m <= 8) return one_chunk ? launch_config<1, 1, 1, E>(p, stream) : launch_config<1, 1, 4, E>(p, stream);
     if (p.m <= 16) return one_chunk ? launch_config<2, 2, 1, E>(p, stream) : launch_config<2, 2, 2, E>(p, stream);
-    if (p.m <= 32) return one_chunk ? launch_config<2, 4, 1, E>(p, stream) : launch_config<2, 4, 3, E>(p, stream);
-    return one_chunk ? launch_config<2, 8, 1, E>(p, stream) : launch_config<2, 8, 2, E>(p, stream);
+    return one_chunk ? launch_config<2, 4, 1, E>(p, stream) : launch_config<2, 4, 3, E>(p, stream);
 }
 
 __global__ void transpose_kernel(bf16* dst, const bf16* src, int rows, int cols) {
