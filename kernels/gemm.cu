@@ -14,7 +14,9 @@ constexpr int kChunk = 512;               // columns per pipeline stage: 1 KB of
 constexpr int kPart = kChunk / kWarps;    // columns per warp per stage (four k32 slices)
 constexpr int kTileRows = 16;             // weight rows of one mma tile; split counts are in these units
 constexpr int kRowBytes = kChunk * 2 + 64;  // smem row stride: rows g and g + 1 land in different bank halves
-constexpr int kMinTilesPerSm = 4;         // K splits until the 16-row tiles x splits reach this many per SM
+// K is split only when the 16-row tiles are no more than the SMs, into enough ranges for two per SM: measured
+// on the H200, splitting wider shapes costs more in partial sums and short CTAs than it gains in parallelism.
+constexpr int kSplitTilesPerSm = 2;
 constexpr int kMaxSplits = 16;
 
 // RT weight tiles of 16 rows and NT token tiles of 8 per CTA, S stages in the ring. Shared memory stays near
@@ -339,9 +341,11 @@ int gemm_split_count(int n, int k, int batch) {
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     }
     const int tiles = (n + kTileRows - 1) / kTileRows * batch;
+    if (tiles > sms) {
+        return 1;
+    }
     const int chunks = (k + kChunk - 1) / kChunk;
-    const int splits = std::min({(kMinTilesPerSm * sms + tiles - 1) / tiles, kMaxSplits, chunks});
-    return std::max(splits, 1);
+    return std::max(1, std::min({(kSplitTilesPerSm * sms + tiles - 1) / tiles, kMaxSplits, chunks}));
 }
 
 int64_t gemm_workspace_floats(int max_m, int n, int k, int batch) {

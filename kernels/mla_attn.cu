@@ -5,6 +5,7 @@
 // about once per use: with mma.sync each warp re-reads its operands from shared memory, and the kernel was bound
 // by shared-memory bandwidth at a quarter of HBM speed. Three warpgroups share a 4-stage cp.async ring of
 // 32-key tiles:
+//   every thread: its share of the copies of tile i + 2;
 //   warpgroup 0: S = Q K^T for tile i (all 64 heads = wgmma M, Q and K from 128-byte-swizzled shared memory),
 //                online softmax in registers, P (bf16) and the rescale factor to shared memory;
 //   warpgroups 1, 2: O[:, half] = O * alpha + P V for tile i - 1 (P from registers, V = the same cache tile
@@ -111,7 +112,7 @@ __device__ __forceinline__ void fence_async_proxy() { asm volatile("fence.proxy.
 
 // Every thread: its copies of tile `i` have landed and are visible to wgmma (async proxy); the barrier then
 // publishes everything written before it (tile i, P and alpha of tile i - 1) and retires tile i - 2's stage.
-// Warpgroup 0 leaves its newest group (tile i + 1) in flight; the others only ever copy group 0.
+// Each thread leaves its newest group (tile i + 1) in flight.
 template <int kPending>
 __device__ __forceinline__ void tile_barrier() {
     cp_async_wait<kPending>();
@@ -165,14 +166,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                               valid, policy);
         }
     };
-    // Group 0 (every thread): Q and tile 0. Later tiles are copied by warpgroup 0 alone, while its S wgmmas
-    // run, so the P.V warpgroups keep their registers for the accumulators.
+    // Group 0: Q and tile 0; group 1: tile 1. Every thread copies a share of every tile (iteration i issues
+    // tile i + 2 once its own MMAs are in flight): warpgroup 0 alone issuing them put the copies' address
+    // arithmetic on the critical path while the P.V warpgroups waited at the tile barrier.
     issue(0, tid, kThreads);
     cp_async_commit();
-    if (wg == 0) {
-        if (ntiles > 1) issue(1, tid, 128);
-        cp_async_commit();
-    }
+    if (ntiles > 1) issue(1, tid, kThreads);
+    cp_async_commit();
 
     // Iteration i: S and softmax of tile i (warpgroup 0) beside P.V of tile i - 1 (warpgroups 1, 2).
     if (wg == 0) {
@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                    stage_desc + (kk / 4) * (kTileKeys * kSwizzleRow / 16) + off, kk > 0);
             }
             wgmma_commit();
-            if (tile + 2 < ntiles) issue(tile + 2, tid, 128);
+            if (tile + 2 < ntiles) issue(tile + 2, tid, kThreads);
             cp_async_commit();
             wgmma_wait_all();
             fence_registers(s);
@@ -268,7 +268,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int i = 0; i < 32; ++i) o[b][i] = 0.f;
         }
         for (int tile = 0; tile <= ntiles; ++tile) {
-            tile_barrier<0>();
+            tile_barrier<1>();
+            if (tile + 2 < ntiles) issue(tile + 2, tid, kThreads);
+            cp_async_commit();
             if (tile == 0 || !active) continue;
 
             const int prev = tile - 1;
@@ -280,10 +282,11 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int kk = 0; kk < 2; ++kk) {
                 ldmatrix_x4(a[kk], p_tile + p_offset(16 * warp + lane % 16, 2 * kk + lane / 16));
             }
+            const bool rescale = !__all_sync(0xffffffffu, alpha_lo == 1.f && alpha_hi == 1.f);
 #pragma unroll
             for (int b = 0; b < T::kPvBlocks; ++b) {
 #pragma unroll
-                for (int j = 0; j < 8; ++j) {
+                for (int j = 0; j < 8 && rescale; ++j) {
                     o[b][4 * j] *= alpha_lo;
                     o[b][4 * j + 1] *= alpha_lo;
                     o[b][4 * j + 2] *= alpha_hi;

@@ -56,13 +56,25 @@ __global__ void __launch_bounds__(kAlignThreads)
                      int* __restrict__ counters) {
     __shared__ int count[kMaxExperts];
     __shared__ int offset[kMaxExperts];
+    // Launched as a dependent: the routing and the buffers (read by the previous call's kernels) belong to
+    // earlier kernels.
+    grid_dependency_wait();
+    allow_dependent_launch();
     const int tid = threadIdx.x;
     for (int e = tid; e < kMaxExperts; e += kAlignThreads) count[e] = 0;
     __syncthreads();
+    // A thread's first pair stays in registers for the scatter below (at small M the only pair: no re-read).
+    int first_expert = 0, first_rank = -1;
     for (int i = tid; i < pairs; i += kAlignThreads) {
         const int e = topk_ids[i];
         const bool used = e >= 0 && e < experts && (mask == nullptr || mask[e] != 0);
-        pair_rank[i] = used ? atomicAdd(&count[e], 1) : -1;
+        const int rank = used ? atomicAdd(&count[e], 1) : -1;
+        if (i == tid) {
+            first_expert = e;
+            first_rank = rank;
+        } else {
+            pair_rank[i] = rank;
+        }
     }
     __syncthreads();
 
@@ -88,16 +100,20 @@ __global__ void __launch_bounds__(kAlignThreads)
         }
     }
     if (tid == 0) {
-        int nblocks = 0;
-        for (int w = 1; w <= kWidths; ++w) nblocks += total[w];
+        int nblocks = 0, wide = 0;
+        for (int w = 1; w <= kWidths; ++w) {
+            nblocks += total[w];
+            if (w > kPairedMaxTiles) wide += total[w];
+        }
         counters[0] = nblocks;
         counters[1] = 0;
         counters[2] = 0;
+        counters[3] = wide;
     }
     __syncthreads();
     for (int i = tid; i < pairs; i += kAlignThreads) {
-        const int r = pair_rank[i];
-        if (r >= 0) sorted_pairs[offset[topk_ids[i]] + r] = i;
+        const int r = i == tid ? first_rank : pair_rank[i];
+        if (r >= 0) sorted_pairs[offset[i == tid ? first_expert : topk_ids[i]] + r] = i;
     }
 }
 
@@ -106,9 +122,8 @@ __global__ void __launch_bounds__(kAlignThreads)
 cudaError_t moe_align(const int32_t* topk_ids, const uint8_t* expert_mask, int tokens, int topk, int experts,
                       const Workspace& ws, cudaStream_t stream) {
     if (experts < 1 || experts > kMaxExperts) return cudaErrorInvalidValue;
-    moe_align_kernel<<<1, kAlignThreads, 0, stream>>>(topk_ids, expert_mask, tokens * topk, experts, ws.pair_rank,
-                                                      ws.sorted_pairs, ws.blocks, ws.counters);
-    return cudaGetLastError();
+    return launch_dependent(moe_align_kernel, dim3(1), dim3(kAlignThreads), 0, stream, topk_ids, expert_mask,
+                            tokens * topk, experts, ws.pair_rank, ws.sorted_pairs, ws.blocks, ws.counters);
 }
 
 }  // namespace ddtree::kernels::moe

@@ -1,12 +1,20 @@
 // INT4 grouped MoE GEMMs (swap-AB: dequantized weights are the m16 MMA operand, tokens the n8 one),
 // the fixed-order top-k combine, and the device dequantization oracle. Layout: see moe_marlin.cuh.
 //
-// Schedule: a persistent grid pulls units (token block, stripe) from a counter that moe_align resets;
-// each unit streams its contiguous weight stripe once through a shared-memory ring: one bulk copy (TMA,
-// cp.async.bulk) per 9 KB stage chunk, completing on that slot's mbarrier and marked evict-first in L2,
-// and the gathered activations of up to 64 tokens by per-thread cp.async. The stage count per unit follows
-// the unit's token count (fewer tokens -> deeper weight pipeline). Which CTA runs a unit, and how many
-// token columns it pads to, never changes the arithmetic of a column, so results are batch invariant.
+// Schedule: a persistent grid runs units (token block, S adjacent stripes); a CTA's first unit is its block
+// index, later ones come from a counter that moe_align resets. Each unit streams its S contiguous weight
+// stripes once through a shared-memory ring: per stage one bulk copy (TMA, cp.async.bulk) per stripe
+// chunk, completing on that slot's mbarrier and marked evict-first in L2, and the gathered activations of
+// up to 64 tokens by per-thread cp.async, shared by the S stripes (S = 2 halves activation traffic and
+// per-byte overhead; S = 1 when there are too few units to fill the grid). The stage count per unit
+// follows its token count. Which CTA runs a unit, S, and how many token columns it pads to never change
+// the arithmetic of a column (one MMA chain over k in order per output), so results are batch invariant.
+//
+// Dependent launches: align -> GEMM1 -> GEMM2 -> combine are each launched while the previous kernel runs.
+// Each kernel waits (grid_dependency_wait) before touching what earlier kernels write, except GEMM2's
+// start: GEMM1 releases GEMM2 only after its own wait, so align's block list is complete and GEMM2 claims
+// its first unit and streams that unit's weights before waiting for GEMM1's activations. Every CTA waits
+// before it exits, so a kernel's completion implies its predecessors' completion.
 #include "moe_marlin.cuh"
 
 #include "gemm_mma.cuh"
@@ -18,48 +26,25 @@ constexpr int kThreads = 256;
 constexpr int kRingBytes = 110 * 1024;  // two CTAs per SM fit in 228 KB
 constexpr int kActRowBytes = kStageK * 2;
 
-constexpr int act_stage_bytes(int nt) { return nt * 8 * kActRowBytes; }
-constexpr int stage_count(int nt) {
-    return kRingBytes / (kStageBytes + act_stage_bytes(nt)) < 10 ? kRingBytes / (kStageBytes + act_stage_bytes(nt))
-                                                                   : 10;
-}
-static_assert(stage_count(8) >= 3, "ring too small for the widest token block");
-static_assert(kBlockTokens * kStripeRows * 4 <= kRingBytes, "epilogue tile must fit in the ring");
-
-// L2 policy "evict first, whole line" (the value createpolicy.fractional.L2::evict_first 1.0 yields, as
-// CUTLASS also passes it). Weights are read once per call, so they should not push activations out of L2.
-// A constant, not createpolicy: with ptxas 13.0 the createpolicy form of a hinted copy referenced uniform
-// registers that were never written (seen in the SASS; it faulted on an H200).
-constexpr uint64_t kL2EvictFirst = 0x12F0000000000000ull;
 constexpr int kMaxStages = 10;
 
-__device__ __forceinline__ void mbar_init(uint64_t* bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)));
+constexpr int act_stage_bytes(int nt) { return nt * 8 * kActRowBytes; }
+constexpr int slot_bytes(int nt, int s) { return s * kStageBytes + act_stage_bytes(nt); }
+constexpr int stage_count(int nt, int s) {
+    return kRingBytes / slot_bytes(nt, s) < kMaxStages ? kRingBytes / slot_bytes(nt, s) : kMaxStages;
 }
+static_assert(stage_count(8, 1) >= 3 && stage_count(kPairedMaxTiles, 2) >= 3, "ring too small for the widest block");
+static_assert(kBlockTokens * kStripeRows * 4 <= kRingBytes &&
+                  kPairedMaxTiles * 8 * 2 * kStripeRows * 4 <= kRingBytes,
+              "epilogue tile must fit in the ring");
 
-// Waits until phase `parity` of the barrier completed; the completed bulk copy is then visible to this thread.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-    asm volatile(
-        "{\n .reg .pred done;\n WAIT_PHASE:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        " @!done bra WAIT_PHASE;\n}\n" ::"r"(smem_addr(bar)),
-        "r"(parity)
-        : "memory");
+// One thread: arms `bar` for the stage's `stripes` chunks (each kStageBytes, `stride` bytes apart in global
+// memory, adjacent in shared memory) and starts one bulk copy per chunk, all completing on `bar`.
+__device__ __forceinline__ void bulk_load_weights(uint8_t* dst, const uint8_t* src, int stripes, size_t stride,
+                                                  uint64_t* bar) {
+    barrier_arrive_expect_tx(bar, stripes * kStageBytes);
+    for (int s = 0; s < stripes; ++s) bulk_copy_streamed(dst + s * kStageBytes, src + s * stride, kStageBytes, bar);
 }
-
-// One thread: arms `bar` for `bytes` and starts one bulk copy global -> shared that completes on it.
-__device__ __forceinline__ void bulk_load_weights(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
-                 : "memory");
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
-            smem_addr(dst)),
-        "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(kL2EvictFirst)
-        : "memory");
-}
-
-
-
-
 
 __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
 __device__ __forceinline__ __nv_bfloat162 as_bf16x2(uint32_t v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
@@ -101,7 +86,7 @@ struct GemmParams {
     int topk;
     const int* sorted_pairs;
     const int4* blocks;
-    const int* num_blocks;
+    const int* block_counts;  // [0] token blocks, [3] wide blocks (see Workspace::counters)
     int* next_unit;
     bf16* act_out;            // GEMM1 epilogue target [pairs, inter]
     int inter;
@@ -119,22 +104,68 @@ struct UnitShared {
     int unit;
 };
 
-// phase_bits: bit s = parity of the next completion of ring slot s's barrier; every thread keeps the same copy
-// across units (a unit consumes every stage it loads, so no copy is in flight between units).
-template <int NT, bool kGateUp>
-__device__ void run_unit(const GemmParams& p, const int4 blk, int stripe, uint8_t* ring, UnitShared& us,
-                         uint32_t& phase_bits) {
-    constexpr int kStages = stage_count(NT);
-    constexpr int kSlotBytes = kStageBytes + act_stage_bytes(NT);
+// Unit ids: first every stripe of each wide block (align lists those first), then the narrow blocks' stripes
+// S at a time (S = 2 unless that leaves more than a fifth of the grid without a first unit).
+struct UnitMap {
+    int wide, wide_units, narrow_stripes, narrow_units_per_block, total;
+};
+
+struct Unit {
+    int4 blk;      // {expert, first sorted index, tokens, 0}
+    int stripe0;   // first stripe
+    int stripes;   // 1 or 2
+};
+
+__device__ __forceinline__ UnitMap make_unit_map(const GemmParams& p) {
+    UnitMap m;
+    const int blocks = p.block_counts[0];
+    m.wide = p.block_counts[3];
+    m.wide_units = m.wide * p.stripes;
+    const bool paired = p.stripes % 2 == 0 &&
+                        5 * (m.wide_units + (blocks - m.wide) * (p.stripes / 2)) >= 4 * static_cast<int>(gridDim.x);
+    m.narrow_stripes = paired ? 2 : 1;
+    m.narrow_units_per_block = p.stripes / m.narrow_stripes;
+    m.total = m.wide_units + (blocks - m.wide) * m.narrow_units_per_block;
+    return m;
+}
+
+__device__ __forceinline__ Unit locate(const GemmParams& p, const UnitMap& m, int unit) {
+    if (unit < m.wide_units) return {p.blocks[unit / p.stripes], unit % p.stripes, 1};
+    const int u = unit - m.wide_units;
+    return {p.blocks[m.wide + u / m.narrow_units_per_block], u % m.narrow_units_per_block * m.narrow_stripes,
+            m.narrow_stripes};
+}
+
+// The thread that claims units: outside warp 0, whose thread 0 issues the bulk copies, so waiting for the
+// claim's atomic never delays a stage's copies.
+constexpr int kSchedulerThread = 32;
+
+// What a CTA carries from unit to unit.
+struct CtaState {
+    uint32_t phase_bits;   // bit s = parity of the next completion of ring slot s's barrier (same in every thread;
+                           // a unit consumes every stage it loads, so no copy is in flight between units)
+    bool wait_before_act;  // the CTA has not yet waited for the previous kernel: wait before reading activations
+    int next_unit;         // scheduler thread only: the unit this CTA runs next
+};
+
+// Runs one unit: token block u.blk against stripes u.stripe0 .. u.stripe0 + S - 1 of its expert.
+template <int NT, int S, bool kGateUp>
+__device__ void run_unit(const GemmParams& p, const UnitMap& map, const Unit& u, uint8_t* ring, UnitShared& us,
+                         CtaState& cta) {
+    constexpr int kStages = stage_count(NT, S);
+    constexpr int kSlotBytes = slot_bytes(NT, S);
     constexpr int kRows = NT * 8;
     constexpr int kActChunks = kRows * (kActRowBytes / 16);
     static_assert(kStages <= kMaxStages && kSlotBytes % 16 == 0, "ring slots must be 16-byte aligned");
+    const int4 blk = u.blk;
+    const int stripe0 = u.stripe0;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int nk = p.k / kStageK;
-    const uint8_t* wsrc = p.weights + (static_cast<size_t>(blk.x) * p.stripes + stripe) * nk * kStageBytes;
+    const size_t stripe_bytes = static_cast<size_t>(nk) * kStageBytes;
+    const uint8_t* wsrc = p.weights + (static_cast<size_t>(blk.x) * p.stripes + stripe0) * stripe_bytes;
 
     auto load_act = [&](int ks, int slot) {
-        uint8_t* adst = ring + slot * kSlotBytes + kStageBytes;
+        uint8_t* adst = ring + slot * kSlotBytes + S * kStageBytes;
 #pragma unroll
         for (int i = 0; i < (kActChunks + kThreads - 1) / kThreads; ++i) {
             const int c = tid + i * kThreads;
@@ -148,19 +179,22 @@ __device__ void run_unit(const GemmParams& p, const int4 blk, int stripe, uint8_
         }
     };
 
-    float acc[NT][4];
+    float acc[S][NT][4];
 #pragma unroll
-    for (int n = 0; n < NT; ++n) {
+    for (int st = 0; st < S; ++st) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
+        for (int n = 0; n < NT; ++n) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[st][n][i] = 0.f;
+        }
     }
 
     // The weight prologue depends only on the expert: it streams while the unit's token list is read.
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < kStages - 1; ++s) {
-            if (s < nk) bulk_load_weights(ring + s * kSlotBytes, wsrc + static_cast<size_t>(s) * kStageBytes,
-                                          kStageBytes, &us.full[s]);
+            if (s < nk) bulk_load_weights(ring + s * kSlotBytes, wsrc + static_cast<size_t>(s) * kStageBytes, S,
+                                          stripe_bytes, &us.full[s]);
         }
     }
     if (tid < kBlockTokens) {
@@ -170,6 +204,7 @@ __device__ void run_unit(const GemmParams& p, const int4 blk, int stripe, uint8_
         if (!kGateUp) us.weight[tid] = pair < 0 ? 0.f : p.topk_weights[pair] * p.scaling;
     }
     __syncthreads();
+    if (cta.wait_before_act) grid_dependency_wait();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
         if (s < nk) load_act(s, s);
@@ -180,15 +215,15 @@ __device__ void run_unit(const GemmParams& p, const int4 blk, int stripe, uint8_
     for (int ks = 0; ks < nk; ++ks) {
         const int cur = ks % kStages;
         cp_async_wait<kStages - 2>();
-        mbar_wait(&us.full[cur], (phase_bits >> cur) & 1u);
-        phase_bits ^= 1u << cur;
+        barrier_wait(&us.full[cur], (cta.phase_bits >> cur) & 1u);
+        cta.phase_bits ^= 1u << cur;
         __syncthreads();  // every thread's activation chunks landed; the slot refilled below is free
         {
             const int next = ks + kStages - 1;
             if (next < nk) {
                 uint8_t* dst = ring + (next % kStages) * kSlotBytes;
                 if (tid == 0) {
-                    bulk_load_weights(dst, wsrc + static_cast<size_t>(next) * kStageBytes, kStageBytes,
+                    bulk_load_weights(dst, wsrc + static_cast<size_t>(next) * kStageBytes, S, stripe_bytes,
                                       &us.full[next % kStages]);
                 }
                 load_act(next, next % kStages);
@@ -196,26 +231,42 @@ __device__ void run_unit(const GemmParams& p, const int4 blk, int stripe, uint8_
             cp_async_commit();
         }
         const uint8_t* slot = ring + cur * kSlotBytes;
-        const uint4 sc = *reinterpret_cast<const uint4*>(slot + kStageWeightBytes + (warp * 8 + g) * 16);
-        const uint8_t* act = slot + kStageBytes;
+        const uint8_t* act = slot + S * kStageBytes;
+        uint4 sc[S];
+#pragma unroll
+        for (int st = 0; st < S; ++st) {
+            const uint8_t* scales = slot + st * kStageBytes + kStageWeightBytes;
+            sc[st] = *reinterpret_cast<const uint4*>(scales + (warp * 8 + g) * 16);
+        }
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            const uint4 wq = *reinterpret_cast<const uint4*>(slot + ((warp * 2 + half) * 32 + lane) * 16);
+            uint4 wq[S];
+#pragma unroll
+            for (int st = 0; st < S; ++st) {
+                const uint8_t* weights = slot + st * kStageBytes;
+                wq[st] = *reinterpret_cast<const uint4*>(weights + ((warp * 2 + half) * 32 + lane) * 16);
+            }
 #pragma unroll
             for (int pairk = 0; pairk < 2; ++pairk) {
                 const int q32 = half * 2 + pairk;  // k32 sub-step of the stage == scale group
-                const __nv_bfloat162 s_lo = scale_pair(sc, q32, false), s_hi = scale_pair(sc, q32, true);
-                uint32_t a0[4], a1[4];
-                dequant_k16(pairk ? wq.z : wq.x, s_lo, s_hi, a0);
-                dequant_k16(pairk ? wq.w : wq.y, s_lo, s_hi, a1);
+                uint32_t a0[S][4], a1[S][4];
+#pragma unroll
+                for (int st = 0; st < S; ++st) {
+                    const __nv_bfloat162 s_lo = scale_pair(sc[st], q32, false), s_hi = scale_pair(sc[st], q32, true);
+                    dequant_k16(pairk ? wq[st].z : wq[st].x, s_lo, s_hi, a0[st]);
+                    dequant_k16(pairk ? wq[st].w : wq[st].y, s_lo, s_hi, a1[st]);
+                }
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
                     const int r = n * 8 + (lane & 7);
                     const int ch = q32 * 4 + (lane >> 3);
                     uint32_t b[4];
                     ldmatrix_x4(b, act + r * kActRowBytes + ((ch ^ (r & 7)) * 16));
-                    mma_bf16_16816(acc[n], a0[0], a0[1], a0[2], a0[3], b[0], b[1]);
-                    mma_bf16_16816(acc[n], a1[0], a1[1], a1[2], a1[3], b[2], b[3]);
+#pragma unroll
+                    for (int st = 0; st < S; ++st) {
+                        mma_bf16_16816(acc[st][n], a0[st][0], a0[st][1], a0[st][2], a0[st][3], b[0], b[1]);
+                        mma_bf16_16816(acc[st][n], a1[st][0], a1[st][1], a1[st][2], a1[st][3], b[2], b[3]);
+                    }
                 }
             }
         }
@@ -225,16 +276,20 @@ __device__ void run_unit(const GemmParams& p, const int4 blk, int stripe, uint8_
 
     const int t = lane % 4;
     if constexpr (kGateUp) {
-        // c0/c1: gate feature 8*warp+g, tokens 2t/2t+1; c2/c3: the matching up feature.
-        constexpr int kCols = kStripeRows / 2;
+        // c0/c1: gate feature 8*warp+g of stripe st, tokens 2t/2t+1; c2/c3: the matching up feature.
+        constexpr int kCols = S * kStripeRows / 2;
         bf16* tile = reinterpret_cast<bf16*>(ring);
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
+        for (int st = 0; st < S; ++st) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float gate = acc[n][h], up = acc[n][2 + h];
-                const float silu = gate / (1.f + expf(-gate));
-                tile[(n * 8 + 2 * t + h) * kCols + warp * 8 + g] = __float2bfloat16_rn(silu * up);
+            for (int n = 0; n < NT; ++n) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float gate = acc[st][n][h], up = acc[st][n][2 + h];
+                    const float silu = gate / (1.f + expf(-gate));
+                    tile[(n * 8 + 2 * t + h) * kCols + st * (kStripeRows / 2) + warp * 8 + g] =
+                        __float2bfloat16_rn(silu * up);
+                }
             }
         }
         __syncthreads();
@@ -242,35 +297,61 @@ __device__ void run_unit(const GemmParams& p, const int4 blk, int stripe, uint8_
             const int r = c / (kCols / 8), ch = c % (kCols / 8);
             const int pair = us.pairs[r];
             if (pair >= 0) {
-                *reinterpret_cast<uint4*>(p.act_out + static_cast<size_t>(pair) * p.inter + stripe * kCols + ch * 8) =
+                *reinterpret_cast<uint4*>(p.act_out + static_cast<size_t>(pair) * p.inter +
+                                          stripe0 * (kStripeRows / 2) + ch * 8) =
                     *reinterpret_cast<const uint4*>(tile + r * kCols + ch * 8);
             }
         }
     } else {
-        // c0/c1: output feature 16*warp+g, tokens 2t/2t+1; c2/c3: feature + 8.
+        // c0/c1: output feature 16*warp+g of stripe st, tokens 2t/2t+1; c2/c3: feature + 8.
+        constexpr int kCols = S * kStripeRows;
         float* tile = reinterpret_cast<float*>(ring);
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
+        for (int st = 0; st < S; ++st) {
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int r = n * 8 + 2 * t + (i & 1);
-                tile[r * kStripeRows + warp * 16 + g + 8 * (i >> 1)] = acc[n][i] * us.weight[r];
+            for (int n = 0; n < NT; ++n) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int r = n * 8 + 2 * t + (i & 1);
+                    tile[r * kCols + st * kStripeRows + warp * 16 + g + 8 * (i >> 1)] = acc[st][n][i] * us.weight[r];
+                }
             }
         }
         __syncthreads();
-        for (int c = tid; c < kRows * (kStripeRows / 4); c += kThreads) {
-            const int r = c / (kStripeRows / 4), ch = c % (kStripeRows / 4);
+        for (int c = tid; c < kRows * (kCols / 4); c += kThreads) {
+            const int r = c / (kCols / 4), ch = c % (kCols / 4);
             const int pair = us.pairs[r];
             if (pair >= 0) {
                 *reinterpret_cast<float4*>(p.contrib_out + static_cast<size_t>(pair) * p.hidden +
-                                           stripe * kStripeRows + ch * 4) =
-                    *reinterpret_cast<const float4*>(tile + r * kStripeRows + ch * 4);
+                                           stripe0 * kStripeRows + ch * 4) =
+                    *reinterpret_cast<const float4*>(tile + r * kCols + ch * 4);
             }
         }
     }
     // The next unit's bulk copies (async proxy) overwrite the tile written here by ordinary stores.
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    fence_proxy_async();
     __syncthreads();  // tile and unit data are reused by the next unit
+}
+
+// Dispatches on the block's 8-token tiles, 1..kMaxTiles (the caller guarantees the bound).
+template <int S, int kMaxTiles, bool kGateUp>
+__device__ void run_unit_of_width(const GemmParams& p, const UnitMap& map, const Unit& u, uint8_t* ring,
+                                  UnitShared& us, CtaState& cta) {
+    const int tiles = (u.blk.z + 7) / 8;
+    switch (tiles) {
+        case 1: run_unit<1, S, kGateUp>(p, map, u, ring, us, cta); return;
+        case 2: run_unit<2, S, kGateUp>(p, map, u, ring, us, cta); return;
+        case 3: run_unit<3, S, kGateUp>(p, map, u, ring, us, cta); return;
+        case 4: run_unit<4, S, kGateUp>(p, map, u, ring, us, cta); return;
+    }
+    if constexpr (kMaxTiles == 8) {
+        switch (tiles) {
+            case 5: run_unit<5, S, kGateUp>(p, map, u, ring, us, cta); return;
+            case 6: run_unit<6, S, kGateUp>(p, map, u, ring, us, cta); return;
+            case 7: run_unit<7, S, kGateUp>(p, map, u, ring, us, cta); return;
+            default: run_unit<8, S, kGateUp>(p, map, u, ring, us, cta); return;
+        }
+    }
 }
 
 template <bool kGateUp>
@@ -278,62 +359,74 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(const GemmParams 
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ UnitShared us;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < kMaxStages; ++s) mbar_init(&us.full[s]);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        for (int s = 0; s < kMaxStages; ++s) barrier_init(&us.full[s]);
+        barrier_init_fence();
     }
-    const int total = *p.num_blocks * p.stripes;
-    uint32_t phase_bits = 0;
-    int claimed = 0;  // thread 0: the unit this CTA runs next
-    if (threadIdx.x == 0) claimed = atomicAdd(p.next_unit, 1);
+    // GEMM1 reads align's block list; GEMM2 starts only after every GEMM1 CTA passed this wait (see top).
+    if (kGateUp) grid_dependency_wait();
+    allow_dependent_launch();
+    const UnitMap map = make_unit_map(p);
+    CtaState cta{0u, !kGateUp, static_cast<int>(blockIdx.x)};  // the first unit needs no atomic
     for (;;) {
-        if (threadIdx.x == 0) us.unit = claimed;
-        __syncthreads();
+        if (threadIdx.x == kSchedulerThread) us.unit = cta.next_unit;
+        __syncthreads();  // also publishes the barrier initialisation
         const int unit = us.unit;
-        if (unit >= total) break;
+        if (unit >= map.total) break;
         // Claim the following unit now, so the atomic's latency hides behind this unit's stream.
-        if (threadIdx.x == 0) claimed = atomicAdd(p.next_unit, 1);
-        const int4 blk = p.blocks[unit / p.stripes];
-        const int stripe = unit % p.stripes;
-        switch ((blk.z + 7) / 8) {
-            case 1: run_unit<1, kGateUp>(p, blk, stripe, ring, us, phase_bits); break;
-            case 2: run_unit<2, kGateUp>(p, blk, stripe, ring, us, phase_bits); break;
-            case 3: run_unit<3, kGateUp>(p, blk, stripe, ring, us, phase_bits); break;
-            case 4: run_unit<4, kGateUp>(p, blk, stripe, ring, us, phase_bits); break;
-            case 5: run_unit<5, kGateUp>(p, blk, stripe, ring, us, phase_bits); break;
-            case 6: run_unit<6, kGateUp>(p, blk, stripe, ring, us, phase_bits); break;
-            case 7: run_unit<7, kGateUp>(p, blk, stripe, ring, us, phase_bits); break;
-            default: run_unit<8, kGateUp>(p, blk, stripe, ring, us, phase_bits); break;
+        if (threadIdx.x == kSchedulerThread) cta.next_unit = static_cast<int>(gridDim.x) + atomicAdd(p.next_unit, 1);
+        const Unit u = locate(p, map, unit);
+        if (u.stripes == 2) {  // narrow block: at most kPairedMaxTiles tiles
+            run_unit_of_width<2, kPairedMaxTiles, kGateUp>(p, map, u, ring, us, cta);
+        } else {
+            run_unit_of_width<1, 8, kGateUp>(p, map, u, ring, us, cta);
         }
+        cta.wait_before_act = false;
     }
+    if (cta.wait_before_act) grid_dependency_wait();
 }
 
 // out[token] = bf16(sum over slots s = 0..topk-1, in order, of contrib[token * topk + s]); skipped slots add
-// nothing.
-__global__ void __launch_bounds__(256) moe_combine_kernel(bf16* __restrict__ out, const float* __restrict__ contrib,
-                                                          const int32_t* __restrict__ topk_ids,
-                                                          const uint8_t* __restrict__ mask, int experts, int topk,
-                                                          int hidden) {
+// nothing. One CTA per (token, kCombineCols columns).
+constexpr int kCombineThreads = 256;
+constexpr int kCombineCols = kCombineThreads * 4;
+
+__global__ void __launch_bounds__(kCombineThreads)
+    moe_combine_kernel(bf16* __restrict__ out, const float* __restrict__ contrib, const int32_t* __restrict__ topk_ids,
+                       const uint8_t* __restrict__ mask, int experts, int topk, int hidden) {
+    grid_dependency_wait();
+    allow_dependent_launch();
     __shared__ bool used[kMaxTopk];
     const size_t token = blockIdx.x;
-    if (threadIdx.x < topk) {
-        const int e = topk_ids[token * topk + threadIdx.x];
-        used[threadIdx.x] = e >= 0 && e < experts && (mask == nullptr || mask[e] != 0);
+    if (threadIdx.x < kMaxTopk) {
+        bool u = false;
+        if (static_cast<int>(threadIdx.x) < topk) {
+            const int e = topk_ids[token * topk + threadIdx.x];
+            u = e >= 0 && e < experts && (mask == nullptr || mask[e] != 0);
+        }
+        used[threadIdx.x] = u;
     }
     __syncthreads();
-    for (int h = threadIdx.x * 4; h < hidden; h += blockDim.x * 4) {
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int s = 0; s < topk; ++s) {
-            if (!used[s]) continue;
-            const float4 v = *reinterpret_cast<const float4*>(contrib + (token * topk + s) * hidden + h);
-            acc.x += v.x;
-            acc.y += v.y;
-            acc.z += v.z;
-            acc.w += v.w;
-        }
-        __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(out + token * hidden + h);
-        dst[0] = __floats2bfloat162_rn(acc.x, acc.y);
-        dst[1] = __floats2bfloat162_rn(acc.z, acc.w);
+    const int h = blockIdx.y * kCombineCols + threadIdx.x * 4;
+    if (h >= hidden) return;
+    // All slot loads are issued before the ordered sum.
+    float4 v[kMaxTopk];
+#pragma unroll
+    for (int s = 0; s < kMaxTopk; ++s) {
+        if (used[s]) v[s] = __ldcs(reinterpret_cast<const float4*>(contrib + (token * topk + s) * hidden + h));
     }
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int s = 0; s < kMaxTopk; ++s) {
+        if (used[s]) {
+            acc.x += v[s].x;
+            acc.y += v[s].y;
+            acc.z += v[s].z;
+            acc.w += v[s].w;
+        }
+    }
+    __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(out + token * hidden + h);
+    dst[0] = __floats2bfloat162_rn(acc.x, acc.y);
+    dst[1] = __floats2bfloat162_rn(acc.z, acc.w);
 }
 
 // One CTA per (stripe, expert); every lane expands exactly the fragments the GEMM would give it.
@@ -379,7 +472,7 @@ size_t workspace_bytes(int experts, int hidden, int inter, int topk, int max_tok
            up(pairs * inter * 2) + up(pairs * hidden * 4);
 }
 
-Workspace carve_workspace(void* base, int experts, int hidden, int inter, int topk, int max_tokens) {
+Workspace carve_workspace(void* base, int experts, int inter, int topk, int max_tokens) {
     const size_t pairs = static_cast<size_t>(max_tokens) * topk;
     auto up = [](size_t b) { return (b + 255) / 256 * 256; };
     uint8_t* p = static_cast<uint8_t*>(base);
@@ -424,7 +517,7 @@ cudaError_t moe_forward(const MoeArgs& a, const Workspace& ws, int gemm_ctas, cu
     p.topk = a.topk;
     p.sorted_pairs = ws.sorted_pairs;
     p.blocks = ws.blocks;
-    p.num_blocks = ws.counters;
+    p.block_counts = ws.counters;
     p.inter = a.inter;
     p.hidden = a.hidden;
     p.topk_weights = a.topk_weights;
@@ -437,20 +530,20 @@ cudaError_t moe_forward(const MoeArgs& a, const Workspace& ws, int gemm_ctas, cu
     p.k = a.hidden;
     p.stripes = 2 * a.inter / kStripeRows;
     p.next_unit = ws.counters + 1;
-    moe_gemm_kernel<true><<<gemm_ctas, kThreads, kRingBytes, stream>>>(p);
-    DDTREE_RETURN_IF_ERROR(cudaGetLastError());
+    DDTREE_RETURN_IF_ERROR(
+        launch_dependent(moe_gemm_kernel<true>, dim3(gemm_ctas), dim3(kThreads), kRingBytes, stream, p));
 
     p.weights = a.w2;
     p.act_in = ws.act;
     p.k = a.inter;
     p.stripes = a.hidden / kStripeRows;
     p.next_unit = ws.counters + 2;
-    moe_gemm_kernel<false><<<gemm_ctas, kThreads, kRingBytes, stream>>>(p);
-    DDTREE_RETURN_IF_ERROR(cudaGetLastError());
+    DDTREE_RETURN_IF_ERROR(
+        launch_dependent(moe_gemm_kernel<false>, dim3(gemm_ctas), dim3(kThreads), kRingBytes, stream, p));
 
-    moe_combine_kernel<<<a.tokens, 256, 0, stream>>>(a.out, ws.contrib, a.topk_ids, a.expert_mask, a.experts, a.topk,
-                                                     a.hidden);
-    return cudaGetLastError();
+    return launch_dependent(moe_combine_kernel, dim3(a.tokens, (a.hidden + kCombineCols - 1) / kCombineCols),
+                            dim3(kCombineThreads), 0, stream, a.out, static_cast<const float*>(ws.contrib), a.topk_ids,
+                            a.expert_mask, a.experts, a.topk, a.hidden);
 }
 
 cudaError_t dequantize_w13(bf16* out, const uint8_t* w13, int experts, int hidden, int inter, cudaStream_t stream) {

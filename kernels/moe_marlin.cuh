@@ -32,6 +32,7 @@ constexpr int kStageWeightBytes = kStripeRows * kStageK / 2;
 constexpr int kStageScaleBytes = kStripeRows * (kStageK / kGroup) * 2;
 constexpr int kStageBytes = kStageWeightBytes + kStageScaleBytes;
 constexpr int kBlockTokens = 64;      // token columns per CTA unit at most
+constexpr int kPairedMaxTiles = 4;    // blocks of at most 4 x 8 tokens may run two stripes per CTA unit
 constexpr int kMaxExperts = 1024;     // one routing thread per expert
 constexpr int kMaxTopk = 16;
 
@@ -49,16 +50,18 @@ inline int max_blocks(int experts, int max_pairs) { return experts + max_pairs /
 
 // Scratch of one fused call, sized for max_tokens at creation (see workspace_bytes).
 struct Workspace {
-    int* pair_rank;     // [max_pairs] rank of a (token, slot) pair inside its expert, -1 if skipped
+    int* pair_rank;     // [max_pairs] rank of a (token, slot) pair inside its expert, -1 if skipped (align's
+                        //     scratch; pairs 0..1023 keep theirs in registers)
     int* sorted_pairs;  // [max_pairs] pair ids grouped by expert
     int4* blocks;       // [max_blocks] {expert, first sorted index, tokens, 0}
-    int* counters;      // [4] block count, next GEMM1 unit, next GEMM2 unit
+    int* counters;      // [4] block count, next GEMM1 unit, next GEMM2 unit, blocks wider than
+                        //     kPairedMaxTiles tiles (listed first)
     bf16* act;          // [max_pairs, inter] SiLU(gate) * up per pair
     float* contrib;     // [max_pairs, hidden] weighted expert output per pair
 };
 size_t workspace_bytes(int experts, int hidden, int inter, int topk, int max_tokens);
 // Carves `base` (256-byte aligned, workspace_bytes long) into the buffers above.
-Workspace carve_workspace(void* base, int experts, int hidden, int inter, int topk, int max_tokens);
+Workspace carve_workspace(void* base, int experts, int inter, int topk, int max_tokens);
 
 struct MoeArgs {
     const uint8_t* w13;           // [experts, w13_bytes_per_expert] repacked gate/up
@@ -75,7 +78,8 @@ struct MoeArgs {
 // Sets kernel attributes once per device and returns the persistent GEMM grid (CTAs resident at once).
 cudaError_t configure(int device, int* gemm_ctas);
 
-// The whole routed MoE on `stream`: 4 kernels, no allocation, no host sync (CUDA-graph capturable).
+// The whole routed MoE on `stream`: 4 kernels, each launched as a programmatic dependent of the previous
+// one (align waits for whatever precedes the call); no allocation, no host sync (CUDA-graph capturable).
 cudaError_t moe_forward(const MoeArgs& args, const Workspace& ws, int gemm_ctas, cudaStream_t stream);
 
 // Routing alignment only (moe_align.cu): fills pair_rank, sorted_pairs, blocks, counters.

@@ -27,13 +27,18 @@ __global__ void __launch_bounds__(kThreads)
     allow_dependent_launch();  // a dependent GEMM next may start its weight prefetch during this kernel
     const int token = blockIdx.x;
     const float* row = logits + static_cast<int64_t>(token) * experts;
+    // A NaN score (from NaN activations) ranks lowest rather than never, so every round still picks an expert
+    // in range; experts already taken are marked NaN and skipped.
     for (int e = threadIdx.x; e < experts; e += kThreads) {
-        s_biased[e] = 1.f / (1.f + expf(-row[e])) + bias[e];
+        const float score = 1.f / (1.f + expf(-row[e])) + bias[e];
+        s_biased[e] = isnan(score) ? -INFINITY : score;
     }
     __syncthreads();
     for (int k = 0; k < topk; ++k) {
         Best best{-INFINITY, experts};
-        for (int e = threadIdx.x; e < experts; e += kThreads) best = better(best, Best{s_biased[e], e});
+        for (int e = threadIdx.x; e < experts; e += kThreads) {
+            if (!isnan(s_biased[e])) best = better(best, Best{s_biased[e], e});
+        }
         for (int offset = 16; offset > 0; offset >>= 1) {
             const Best other{__shfl_xor_sync(0xffffffffu, best.value, offset),
                              __shfl_xor_sync(0xffffffffu, best.index, offset)};
@@ -45,7 +50,7 @@ __global__ void __launch_bounds__(kThreads)
             Best b = warp_best[0];
             for (int w = 1; w < kThreads / 32; ++w) b = better(b, warp_best[w]);
             chosen[k] = b.index;
-            s_biased[b.index] = -INFINITY;
+            s_biased[b.index] = NAN;
         }
         __syncthreads();
     }

@@ -65,8 +65,8 @@ void MoeLayer::forward(const __nv_bfloat16* hidden_states, const int32_t* topk_i
         throw std::out_of_range("MoE forward of " + std::to_string(tokens) + " tokens; the layer was sized for " +
                                 std::to_string(shape_.max_tokens));
     }
-    const k::Workspace ws = k::carve_workspace(workspace_, shape_.experts, shape_.hidden, shape_.inter, shape_.topk,
-                                               shape_.max_tokens);
+    const k::Workspace ws =
+        k::carve_workspace(workspace_, shape_.experts, shape_.inter, shape_.topk, shape_.max_tokens);
     k::MoeArgs args{};
     args.w13 = w13_;
     args.w2 = w2_;

@@ -161,9 +161,9 @@ def test_masked_experts_weights_are_never_read() -> None:
     assert torch.isfinite(after).all()
 
 
-def test_batch_invariance_bitwise(small: Experts) -> None:
+@pytest.mark.parametrize("m", [300, 1000])
+def test_batch_invariance_bitwise(small: Experts, m: int) -> None:
     gen = torch.Generator(device="cuda").manual_seed(11)
-    m = 300
     x = torch.randn(m, 640, device="cuda", generator=gen).bfloat16()
     ids, wts = routing(m, 40, gen)
     ids[:100] = routing(100, 40, gen, skew=True)[0]  # hot experts: > 64 tokens, several blocks
@@ -176,6 +176,21 @@ def test_batch_invariance_bitwise(small: Experts) -> None:
     assert torch.equal(part, full[sub])
     again = run(small, x, ids, wts)
     assert torch.equal(again, full)
+
+
+def test_two_stripe_units_match_reference_and_lone_rows() -> None:
+    # 8 stripes per expert in both GEMMs: at m = 90 and 128 the 64 experts' blocks give enough units for the GEMMs
+    # to run two stripes per unit on an H200-size grid; a lone row has too few units and runs one stripe per unit.
+    # Both must give the same bits.
+    ex = make_experts(experts=64, hidden=1024, inter=512, max_tokens=128, seed=13)
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    for m in (90, 128):
+        x = torch.randn(m, 1024, device="cuda", generator=gen).bfloat16()
+        ids, wts = routing(m, 64, gen)
+        full = assert_matches_reference(ex, x, ids, wts)
+        for r in (0, m // 2, m - 1):
+            alone = run(ex, x[r : r + 1].contiguous(), ids[r : r + 1].contiguous(), wts[r : r + 1].contiguous())
+            assert torch.equal(alone, full[r : r + 1]), (m, r)
 
 
 def test_cuda_graph_capture_and_replay(small: Experts) -> None:

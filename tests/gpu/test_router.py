@@ -53,3 +53,22 @@ def test_route_topk_batch_invariant() -> None:
     all_ids, all_w = run(logits)
     ids, w = run(logits[7:8].contiguous())
     assert torch.equal(ids, all_ids[7:8]) and torch.equal(w, all_w[7:8])
+
+
+def test_route_topk_nan_scores_still_pick_distinct_experts_in_range() -> None:
+    """NaN activations must not turn into out-of-range expert ids (an expert kernel would index with them)."""
+    experts, k = 64, 8
+    logits = torch.randn(3, experts, device="cuda")
+    logits[0] = float("nan")  # every score NaN
+    logits[1, ::2] = float("nan")  # half NaN: the finite half ranks first
+    bias = torch.zeros(experts, device="cuda")
+    ids = torch.full((3, k), -1, device="cuda", dtype=torch.int32)
+    w = torch.empty(3, k, device="cuda")
+    kernels.route_topk(ids, w, logits, bias, True)
+    torch.cuda.synchronize()
+    ids = ids.cpu()
+    for row in ids:
+        assert row.min() >= 0 and row.max() < experts and len(set(row.tolist())) == k
+    assert all(int(e) % 2 == 1 for e in ids[1])
+    expected = torch.topk(torch.sigmoid(logits[2]) + bias, k).indices.sort().values.cpu()
+    assert torch.equal(ids[2].sort().values.long(), expected)
