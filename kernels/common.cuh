@@ -3,11 +3,24 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <utility>
 
 namespace ddtree::kernels {
 
 using bf16 = __nv_bfloat16;
+
+#if defined(__CUDACC__)  // the runtime's g++ code includes this header for bf16 and the launch helper only
+// splitmix64's finaliser: a well-mixed 64-bit hash (seeded sampling, random benchmark fills).
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// SiLU with the fast exponential, as the dense MLP, the shared expert and the plain INT4 experts use it.
+__device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
+#endif
 
 // Programmatic dependent launch (sm_90). A kernel started by launch_dependent may begin while the previous
 // kernel of its stream is still running, so decode-size kernels overlap their start and their weight prefetch

@@ -26,7 +26,7 @@ __global__ void experts_up_kernel(bf16* act, const bf16* x, const int32_t* topk_
         const int64_t row = static_cast<int64_t>(e) * w.inter + f;
         const float g = int4_dot(xr, w.gate_packed + row * (w.hidden / 8), w.gate_scale + row * (w.hidden / 32), w.hidden);
         const float u = int4_dot(xr, w.up_packed + row * (w.hidden / 8), w.up_scale + row * (w.hidden / 32), w.hidden);
-        act[static_cast<int64_t>(pair) * w.inter + f] = __float2bfloat16(g / (1.f + __expf(-g)) * u);
+        act[static_cast<int64_t>(pair) * w.inter + f] = __float2bfloat16(silu(g) * u);
     }
 }
 

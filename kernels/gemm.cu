@@ -42,8 +42,6 @@ struct GemmParams {
     int batch, splits;
 };
 
-__device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
-
 template <GemmEpilogue E>
 __device__ __forceinline__ void store_out(const GemmParams& p, int b, int tok, int row, float v) {
     if constexpr (E == GemmEpilogue::kF32) {
@@ -59,6 +57,25 @@ __device__ __forceinline__ int silu_feature(int gate_row) { return (gate_row / 1
 __device__ __forceinline__ void store_silu(const GemmParams& p, int b, int tok, int gate_row, float gate, float up) {
     static_cast<bf16*>(p.out)[b * p.out_stride + tok * p.ldo + silu_feature(gate_row)] =
         __float2bfloat16(silu(gate) * up);
+}
+
+// The epilogue for outputs [tok0, tok0 + toks) x [row0, row0 + rows) of batch entry b; value(tok, row) is an
+// output's fp32 sum, tok and row counted from tok0 and row0.
+template <int kRows, GemmEpilogue E, typename Value>
+__device__ __forceinline__ void store_tile(const GemmParams& p, int b, int tok0, int toks, int row0, int rows,
+                                           Value value) {
+    if constexpr (E == GemmEpilogue::kSiluMul) {
+        for (int idx = threadIdx.x; idx < toks * (kRows / 2); idx += kThreads) {
+            const int tok = idx / (kRows / 2), f = idx % (kRows / 2);
+            const int gate = (f / 8) * 16 + f % 8;
+            if (gate < rows) store_silu(p, b, tok0 + tok, row0 + gate, value(tok, gate), value(tok, gate + 8));
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < toks * kRows; idx += kThreads) {
+            const int tok = idx / kRows, row = idx % kRows;
+            if (row < rows) store_out<E>(p, b, tok0 + tok, row0 + row, value(tok, row));
+        }
+    }
 }
 
 __device__ __forceinline__ uint4 load_shared16(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
@@ -176,7 +193,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmParams p) {
             }
         }
         __syncthreads();
-        auto sum_parts = [&](int row, int tok) {
+        auto sum_parts = [&](int tok, int row) {
             const float* src = part_sums + row * C::kTokens + tok;
             constexpr int kPartStride = C::kRows * C::kTokens;
             return ((src[0] + src[kPartStride]) + src[2 * kPartStride]) + src[3 * kPartStride];
@@ -186,19 +203,10 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmParams p) {
             float* part = p.workspace + (static_cast<int64_t>(b) * splits + split) * p.m * p.n;
             for (int idx = threadIdx.x; idx < toks * C::kRows; idx += kThreads) {
                 const int tok = idx / C::kRows, row = idx % C::kRows;
-                if (row < rows) part[static_cast<int64_t>(tok0 + tok) * p.n + row0 + row] = sum_parts(row, tok);
-            }
-        } else if constexpr (E == GemmEpilogue::kSiluMul) {
-            for (int idx = threadIdx.x; idx < toks * (C::kRows / 2); idx += kThreads) {
-                const int tok = idx / (C::kRows / 2), f = idx % (C::kRows / 2);
-                const int gate = (f / 8) * 16 + f % 8;
-                if (gate < rows) store_silu(p, b, tok0 + tok, row0 + gate, sum_parts(gate, tok), sum_parts(gate + 8, tok));
+                if (row < rows) part[static_cast<int64_t>(tok0 + tok) * p.n + row0 + row] = sum_parts(tok, row);
             }
         } else {
-            for (int idx = threadIdx.x; idx < toks * C::kRows; idx += kThreads) {
-                const int tok = idx / C::kRows, row = idx % C::kRows;
-                if (row < rows) store_out<E>(p, b, tok0 + tok, row0 + row, sum_parts(row, tok));
-            }
+            store_tile<C::kRows, E>(p, b, tok0, toks, row0, rows, sum_parts);
         }
         fence_proxy_async();  // the next token tile's bulk copies overwrite these sums
         __syncthreads();
@@ -227,31 +235,25 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmParams p) {
     auto reduce = [&](int tok, int row) {
         float sum = 0.f;
         for (int s = 0; s < splits; ++s) {
-            sum += __ldcg(parts + s * split_stride + static_cast<int64_t>(tok) * p.n + row);
+            sum += __ldcg(parts + s * split_stride + static_cast<int64_t>(tok) * p.n + row0 + row);
         }
         return sum;
     };
-    if constexpr (E == GemmEpilogue::kSiluMul) {
-        for (int idx = threadIdx.x; idx < p.m * (C::kRows / 2); idx += kThreads) {
-            const int tok = idx / (C::kRows / 2), f = idx % (C::kRows / 2);
-            const int gate = row0 + (f / 8) * 16 + f % 8;
-            if (gate - row0 < rows) store_silu(p, b, tok, gate, reduce(tok, gate), reduce(tok, gate + 8));
-        }
-    } else {
-        for (int idx = threadIdx.x; idx < p.m * C::kRows; idx += kThreads) {
-            const int tok = idx / C::kRows, row = row0 + idx % C::kRows;
-            if (row - row0 < rows) store_out<E>(p, b, tok, row, reduce(tok, row));
-        }
-    }
+    store_tile<C::kRows, E>(p, b, 0, p.m, row0, rows, reduce);
 }
 
-// SMs of the current device (132 on an H200 when the query fails).
+// SMs of the current device, queried once per device (132, an H200's, when the query fails).
 int sm_count() {
-    int device = 0, sms = 132;
-    if (cudaGetDevice(&device) == cudaSuccess) {
+    static std::atomic<int> counts[64] = {};
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return 132;
+    std::atomic<int>& count = counts[device & 63];
+    if (count.load() == 0) {
+        int sms = 132;
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        count.store(sms);
     }
-    return sms;
+    return count.load();
 }
 
 template <int RT, int NT, int S, GemmEpilogue E>
@@ -310,48 +312,7 @@ __global__ void interleave_kernel(bf16* dst, const bf16* gate, const bf16* up, i
     for (int i = threadIdx.x; i < k; i += blockDim.x) out[i] = src[i];
 }
 
-__device__ __forceinline__ uint64_t hash64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-__global__ void fill_bf16_kernel(bf16* dst, int64_t count, uint64_t seed, float scale, float offset) {
-    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        const float u = static_cast<float>(hash64(seed + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull) >> 40) *
-                            (2.f / 16777216.f) - 1.f;
-        dst[i] = __float2bfloat16(offset + scale * u);
-    }
-}
-
-__global__ void fill_bytes_kernel(uint8_t* dst, int64_t count, uint64_t seed, int lo, int span) {
-    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        dst[i] = static_cast<uint8_t>(lo + hash64(seed + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull) % span);
-    }
-}
-
 }  // namespace
-
-cudaError_t fill_random_bf16(bf16* dst, int64_t count, uint64_t seed, float scale, float offset, cudaStream_t stream) {
-    if (count <= 0) {
-        return count == 0 ? cudaSuccess : cudaErrorInvalidValue;
-    }
-    fill_bf16_kernel<<<1024, 256, 0, stream>>>(dst, count, seed, scale, offset);
-    return cudaGetLastError();
-}
-
-cudaError_t fill_random_bytes(uint8_t* dst, int64_t count, uint64_t seed, int lo, int hi, cudaStream_t stream) {
-    if (count < 0 || lo < 0 || hi > 255 || lo > hi) {
-        return cudaErrorInvalidValue;
-    }
-    if (count == 0) {
-        return cudaSuccess;
-    }
-    fill_bytes_kernel<<<1024, 256, 0, stream>>>(dst, count, seed, lo, hi - lo + 1);
-    return cudaGetLastError();
-}
 
 int gemm_split_count(int n, int k, int batch) {
     const int sms = sm_count();

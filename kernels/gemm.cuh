@@ -56,9 +56,4 @@ cudaError_t transpose_bf16(bf16* dst, const bf16* src, int batch, int rows, int 
 // dst rows for a kSiluMul weight: blocks of 8 rows taken alternately from gate [I, K] and up [I, K].
 cudaError_t interleave_gate_up(bf16* dst, const bf16* gate, const bf16* up, int inter, int k, cudaStream_t stream);
 
-// Benchmark weights: dst[i] = bf16(offset + scale * u), u uniform in [-1, 1) from a hash of (seed, i).
-cudaError_t fill_random_bf16(bf16* dst, int64_t count, uint64_t seed, float scale, float offset, cudaStream_t stream);
-// Random bytes drawn uniformly from [lo, hi] (e.g. INT4 weight bytes whose bf16 scale pairs stay finite).
-cudaError_t fill_random_bytes(uint8_t* dst, int64_t count, uint64_t seed, int lo, int hi, cudaStream_t stream);
-
 }  // namespace ddtree::kernels

@@ -97,18 +97,10 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_
 #undef DDTREE_F4
 
 // The cache is streamed once per launch: let it leave L2 first, so the chunk partials stay there for the merge.
-__device__ __forceinline__ uint64_t evict_first_policy() {
-    uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-    return policy;
-}
-
-__device__ __forceinline__ void cp_async16_stream(uint32_t smem, const void* gmem, bool valid, uint64_t policy) {
+__device__ __forceinline__ void cp_async16_stream(uint32_t smem, const void* gmem, bool valid) {
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem), "l"(gmem),
-                 "r"(valid ? 16 : 0), "l"(policy));
+                 "r"(valid ? 16 : 0), "l"(kL2EvictFirstPolicy));
 }
-
-__device__ __forceinline__ void fence_async_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // Every thread: its copies of tile `i` have landed and are visible to wgmma (async proxy); the barrier then
 // publishes everything written before it (tile i, P and alpha of tile i - 1) and retires tile i - 2's stage.
@@ -116,7 +108,7 @@ __device__ __forceinline__ void fence_async_proxy() { asm volatile("fence.proxy.
 template <int kPending>
 __device__ __forceinline__ void tile_barrier() {
     cp_async_wait<kPending>();
-    fence_async_proxy();
+    fence_proxy_async();
     __syncthreads();
 }
 
@@ -148,7 +140,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     float* s_alpha = reinterpret_cast<float*>(s_p + 2 * T::p_bytes);
     const uint32_t q_addr = smem_addr(s_q), kv_addr = smem_addr(s_kv);
 
-    const uint64_t policy = evict_first_policy();
     for (int idx = tid; idx < kHeads * kRowChunks; idx += kThreads) {
         const int r = idx / kRowChunks, c = idx % kRowChunks;
         const bool valid = h0 + r < heads;
@@ -163,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int k = tile * kTileKeys + key;
             const bool valid = k < nkeys;
             cp_async16_stream(dst + swizzled(key, c, kTileKeys), kv + static_cast<int64_t>(valid ? k : 0) * D + c * 8,
-                              valid, policy);
+                              valid);
         }
     };
     // Group 0: Q and tile 0; group 1: tile 1. Every thread copies a share of every tile (iteration i issues

@@ -8,12 +8,6 @@ namespace {
 
 constexpr int kThreads = 512;
 
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {  // splitmix64 finaliser
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 __global__ void __launch_bounds__(kThreads)
     sample_kernel(int32_t* tokens, const float* logits, int64_t ld, int vocab, const float* temperature,
                   const unsigned long long* seed, const int32_t* stream_ids, const int32_t* positions) {

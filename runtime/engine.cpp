@@ -10,6 +10,7 @@
 
 #include "cuda_check.h"
 #include "embed.cuh"
+#include "fill_random.cuh"
 #include "gemm.cuh"
 #include "mla_attn.cuh"
 #include "rmsnorm.cuh"

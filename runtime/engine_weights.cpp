@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "cuda_check.h"
+#include "fill_random.cuh"
 #include "gemm.cuh"
 #include "moe_marlin.cuh"
 #include "moe_repack.h"
