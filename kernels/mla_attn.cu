@@ -3,14 +3,17 @@
 //
 // The chunk kernel uses Hopper warpgroup MMAs (wgmma) so that every cache byte is read from shared memory
 // about once per use: with mma.sync each warp re-reads its operands from shared memory, and the kernel was bound
-// by shared-memory bandwidth at a quarter of HBM speed. Three warpgroups share a 4-stage cp.async ring of
-// 32-key tiles:
-//   every thread: its share of the copies of tile i + 2;
+// by shared-memory bandwidth at a quarter of HBM speed. Cache tiles of 32 keys arrive by bulk-tensor (TMA)
+// copies, issued by one thread two tiles ahead into a 4-stage ring, already in the 128-byte swizzle wgmma reads
+// (per-thread cp.async put the copies' address arithmetic on the critical path). Three warpgroups:
 //   warpgroup 0: S = Q K^T for tile i (all 64 heads = wgmma M, Q and K from 128-byte-swizzled shared memory),
 //                online softmax in registers, P (bf16) and the rescale factor to shared memory;
 //   warpgroups 1, 2: O[:, half] = O * alpha + P V for tile i - 1 (P from registers, V = the same cache tile
 //                read MN-major), each owning half of the latent columns (128 fp32 accumulators per thread).
 // One CTA barrier per tile separates the two stages. Every reduction order is fixed by key positions alone.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <cmath>
 
 #include "gemm_mma.cuh"
@@ -96,27 +99,27 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_
 #undef DDTREE_F16
 #undef DDTREE_F4
 
-// The cache is streamed once per launch: let it leave L2 first, so the chunk partials stay there for the merge.
-__device__ __forceinline__ void cp_async16_stream(uint32_t smem, const void* gmem, bool valid) {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem), "l"(gmem),
-                 "r"(valid ? 16 : 0), "l"(kL2EvictFirstPolicy));
+// One 2-D tile of the cache (box: 64 columns x kTileKeys rows, 128-byte swizzle) into shared memory, counted on
+// `bar`; rows or columns past the tensor's extent arrive as zeros and count too. Evict-first: the cache is
+// streamed once per launch, and the chunk partials should stay in L2 for the merge.
+__device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* map, int col, int row, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
+        "%3}], [%4], %5;\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_addr(bar)), "l"(kL2EvictFirstPolicy)
+        : "memory");
 }
 
-// Every thread: its copies of tile `i` have landed and are visible to wgmma (async proxy); the barrier then
-// publishes everything written before it (tile i, P and alpha of tile i - 1) and retires tile i - 2's stage.
-// Each thread leaves its newest group (tile i + 1) in flight.
-template <int kPending>
-__device__ __forceinline__ void tile_barrier() {
-    cp_async_wait<kPending>();
-    fence_proxy_async();
-    __syncthreads();
+// Barrier among the 128 threads of one warpgroup (ids 1.. : 0 is __syncthreads).
+__device__ __forceinline__ void warpgroup_barrier(int id) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
 }
 
 template <int DL, int DR>
 __global__ void __launch_bounds__(kThreads, 1)
-    mla_chunk_kernel(const bf16* __restrict__ q, const bf16* __restrict__ cache, const int32_t* kv_start,
-                     const int32_t* kv_len, int heads, float scale_log2, float* part_o, float* part_ml,
-                     int max_chunks) {
+    mla_chunk_kernel(const __grid_constant__ CUtensorMap cache_map, const bf16* __restrict__ q,
+                     const int32_t* kv_start, const int32_t* kv_len, int heads, float scale_log2, float* part_o,
+                     float* part_ml, int max_chunks) {
     using T = Tile<DL, DR>;
     constexpr int D = T::D, kRowChunks = D / 8;
     allow_dependent_launch();  // the merge kernel may start early; it waits for this grid before reading
@@ -128,7 +131,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const int nkeys = min(kMlaChunk, len - key0);
     const int ntiles = (nkeys + kTileKeys - 1) / kTileKeys;
-    const bf16* kv = cache + (static_cast<int64_t>(kv_start[row]) + key0) * D;
+    const int first_key_row = kv_start[row] + key0;  // cache row of the chunk's first key
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
 
     // Swizzled operands need 1024-byte-aligned blocks (the swizzle acts on address bits 4-9).
@@ -140,30 +143,36 @@ __global__ void __launch_bounds__(kThreads, 1)
     float* s_alpha = reinterpret_cast<float*>(s_p + 2 * T::p_bytes);
     const uint32_t q_addr = smem_addr(s_q), kv_addr = smem_addr(s_kv);
 
+    __shared__ __align__(8) uint64_t full[kStages];  // one per cache stage: its tile's bytes have landed
+    if (tid == 0) {
+        for (int st = 0; st < kStages; ++st) barrier_init(&full[st]);
+        barrier_init_fence();
+    }
     for (int idx = tid; idx < kHeads * kRowChunks; idx += kThreads) {
         const int r = idx / kRowChunks, c = idx % kRowChunks;
         const bool valid = h0 + r < heads;
         cp_async16_zfill(s_q + swizzled(r, c, kHeads),
                          q + (static_cast<int64_t>(row) * heads + (valid ? h0 + r : 0)) * D + c * 8, valid);
     }
-    // Rows past the chunk's keys are zero-filled: their P is 0 and 0 * V must not become NaN.
-    auto issue = [&](int tile, int first, int stride) {
-        const uint32_t dst = kv_addr + (tile % kStages) * T::stage_bytes;
-        for (int idx = first; idx < kTileKeys * kRowChunks; idx += stride) {
-            const int key = idx / kRowChunks, c = idx % kRowChunks;
-            const int k = tile * kTileKeys + key;
-            const bool valid = k < nkeys;
-            cp_async16_stream(dst + swizzled(key, c, kTileKeys), kv + static_cast<int64_t>(valid ? k : 0) * D + c * 8,
-                              valid);
+    cp_async_commit();
+    __syncthreads();  // barriers initialised before the first copy counts on them
+    // One thread issues each tile: kBlocks bulk-tensor copies of 64 columns into the swizzled stage.
+    auto issue = [&](int tile) {
+        const int slot = tile % kStages;
+        barrier_arrive_expect_tx(&full[slot], T::stage_bytes);
+        for (int b = 0; b < T::kBlocks; ++b) {
+            tma_load_tile(kv_addr + slot * T::stage_bytes + b * kTileKeys * kSwizzleRow, &cache_map, 64 * b,
+                          first_key_row + tile * kTileKeys, &full[slot]);
         }
     };
-    // Group 0: Q and tile 0; group 1: tile 1. Every thread copies a share of every tile (iteration i issues
-    // tile i + 2 once its own MMAs are in flight): warpgroup 0 alone issuing them put the copies' address
-    // arithmetic on the critical path while the P.V warpgroups waited at the tile barrier.
-    issue(0, tid, kThreads);
-    cp_async_commit();
-    if (ntiles > 1) issue(1, tid, kThreads);
-    cp_async_commit();
+    auto wait_tile = [&](int tile) { barrier_wait(&full[tile % kStages], (tile / kStages) & 1); };
+    if (tid == 0) {
+        issue(0);
+        if (ntiles > 1) issue(1);
+    }
+    // The query (cp.async, generic proxy) must be visible to the score wgmmas (async proxy) of every warp.
+    cp_async_wait<0>();
+    fence_proxy_async();
 
     // Iteration i: S and softmax of tile i (warpgroup 0) beside P.V of tile i - 1 (warpgroups 1, 2).
     if (wg == 0) {
@@ -175,8 +184,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint64_t q_desc = sw128_desc(q_addr, 16, 8 * kSwizzleRow);
         const uint64_t k_desc = sw128_desc(kv_addr, 16, 8 * kSwizzleRow);
         for (int tile = 0; tile <= ntiles; ++tile) {
-            tile_barrier<1>();
+            __syncthreads();  // publishes P and alpha of tile - 1, retires tile - 2's stage
             if (tile == ntiles) break;
+            wait_tile(tile);
 
             const uint64_t stage_desc = k_desc + (((tile % kStages) * T::stage_bytes) >> 4);
             fence_registers(s);
@@ -189,8 +199,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                                    stage_desc + (kk / 4) * (kTileKeys * kSwizzleRow / 16) + off, kk > 0);
             }
             wgmma_commit();
-            if (tile + 2 < ntiles) issue(tile + 2, tid, kThreads);
-            cp_async_commit();
             wgmma_wait_all();
             fence_registers(s);
 
@@ -259,12 +267,28 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int i = 0; i < 32; ++i) o[b][i] = 0.f;
         }
         for (int tile = 0; tile <= ntiles; ++tile) {
-            tile_barrier<1>();
-            if (tile + 2 < ntiles) issue(tile + 2, tid, kThreads);
-            cp_async_commit();
+            __syncthreads();
+            if (tid == 128 && tile + 2 < ntiles) issue(tile + 2);  // its stage was retired by this barrier
             if (tile == 0 || !active) continue;
 
             const int prev = tile - 1;
+            wait_tile(prev);
+            // Keys past the chunk's end are cache rows of other positions (or zeros past the cache): P is 0
+            // there, but 0 * V must not become NaN, so this warpgroup zeroes those rows of its V columns.
+            const int valid_rows = nkeys - prev * kTileKeys;
+            if (valid_rows < kTileKeys) {
+                unsigned char* stage = s_kv + (prev % kStages) * T::stage_bytes;
+                constexpr int kChunksPerBlock = kTileKeys * kSwizzleRow / 16;
+                for (int idx = tid - 128 * wg; idx < T::kPvBlocks * kChunksPerBlock; idx += 128) {
+                    const int b = pv * T::kPvBlocks + idx / kChunksPerBlock, chunk16 = idx % kChunksPerBlock;
+                    if (chunk16 >= valid_rows * (kSwizzleRow / 16)) {
+                        *reinterpret_cast<uint4*>(stage + b * kTileKeys * kSwizzleRow + chunk16 * 16) =
+                            make_uint4(0, 0, 0, 0);
+                    }
+                }
+                fence_proxy_async();
+                warpgroup_barrier(wg);
+            }
             const float alpha_lo = s_alpha[(prev % 2) * kHeads + r_lo];
             const float alpha_hi = s_alpha[(prev % 2) * kHeads + r_lo + 8];
             const unsigned char* p_tile = s_p + (prev % 2) * T::p_bytes;
@@ -322,7 +346,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         }
     }
-    cp_async_wait<0>();
 }
 
 // out[row, head] = sum_c 2^(m_c - m) O_c / sum_c 2^(m_c - m) l_c, chunks in order; 4 columns per thread.
@@ -353,17 +376,43 @@ __global__ void mla_merge_kernel(bf16* out, const float* part_o, const float* pa
     }
 }
 
+// The cache as a 2-D tensor [cache_rows, D] of bf16 for bulk-tensor copies of kTileKeys x 64 boxes with the
+// 128-byte swizzle. The driver's encoder is fetched once through the runtime (no link to libcuda).
+cudaError_t encode_cache_map(CUtensorMap* map, const bf16* cache, int64_t cache_rows, int d) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+    if (encode == nullptr) {
+        cudaDriverEntryPointQueryResult found{};
+        void* fn = nullptr;
+        DDTREE_RETURN_IF_ERROR(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                                cudaEnableDefault, &found));
+        if (found != cudaDriverEntryPointSuccess || fn == nullptr) return cudaErrorNotSupported;
+        encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+    }
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(cache_rows)};
+    const cuuint64_t row_stride[1] = {static_cast<cuuint64_t>(d) * sizeof(bf16)};
+    const cuuint32_t box[2] = {64, kTileKeys};
+    const cuuint32_t element_strides[2] = {1, 1};
+    const CUresult status =
+        encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(cache), dims, row_stride, box,
+               element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return status == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 template <int DL, int DR>
-cudaError_t launch(bf16* out, const bf16* q, const bf16* cache, const int32_t* kv_start, const int32_t* kv_len,
-                   int rows, int max_len, int heads, float softmax_scale, float* workspace, cudaStream_t stream) {
+cudaError_t launch(bf16* out, const bf16* q, const bf16* cache, int64_t cache_rows, const int32_t* kv_start,
+                   const int32_t* kv_len, int rows, int max_len, int heads, float softmax_scale, float* workspace,
+                   cudaStream_t stream) {
     using T = Tile<DL, DR>;
     const int max_chunks = (max_len + kMlaChunk - 1) / kMlaChunk;
     float* part_o = workspace;
     float* part_ml = workspace + static_cast<int64_t>(rows) * max_chunks * heads * DL;
+    CUtensorMap cache_map;
+    DDTREE_RETURN_IF_ERROR(encode_cache_map(&cache_map, cache, cache_rows, T::D));
     static std::atomic<uint64_t> configured{0};
     DDTREE_RETURN_IF_ERROR(opt_in_smem(mla_chunk_kernel<DL, DR>, static_cast<int>(T::bytes), configured));
     const dim3 grid(max_chunks, rows, (heads + kHeads - 1) / kHeads);
-    mla_chunk_kernel<DL, DR><<<grid, kThreads, T::bytes, stream>>>(q, cache, kv_start, kv_len, heads,
+    mla_chunk_kernel<DL, DR><<<grid, kThreads, T::bytes, stream>>>(cache_map, q, kv_start, kv_len, heads,
                                                                    softmax_scale * kLog2e, part_o, part_ml,
                                                                    max_chunks);
     DDTREE_RETURN_IF_ERROR(cudaGetLastError());
@@ -389,10 +438,11 @@ int64_t mla_workspace_floats(const MlaDims& dims, int max_rows, int max_len) {
     return static_cast<int64_t>(max_rows) * chunks * dims.heads * (dims.kv_lora + 2);
 }
 
-cudaError_t mla_attention(bf16* out, const bf16* q, const bf16* cache, const int32_t* kv_start,
+cudaError_t mla_attention(bf16* out, const bf16* q, const bf16* cache, int64_t cache_rows, const int32_t* kv_start,
                           const int32_t* kv_len, int rows, int max_len, const MlaDims& dims, float softmax_scale,
                           float* workspace, cudaStream_t stream) {
-    if (rows < 0 || max_len <= 0 || dims.heads <= 0) {
+    if (rows < 0 || max_len <= 0 || dims.heads <= 0 || cache_rows <= 0 ||
+        reinterpret_cast<uintptr_t>(cache) % 16 != 0) {
         return cudaErrorInvalidValue;
     }
     if (rows == 0) {
@@ -400,8 +450,8 @@ cudaError_t mla_attention(bf16* out, const bf16* q, const bf16* cache, const int
     }
 #define DDTREE_MLA_LAUNCH(dl, dr)                                                                           \
     if (dims.kv_lora == dl && dims.rope_dim == dr)                                                          \
-        return launch<dl, dr>(out, q, cache, kv_start, kv_len, rows, max_len, dims.heads, softmax_scale, \
-                              workspace, stream);
+        return launch<dl, dr>(out, q, cache, cache_rows, kv_start, kv_len, rows, max_len, dims.heads,     \
+                              softmax_scale, workspace, stream);
     DDTREE_MLA_DIMS(DDTREE_MLA_LAUNCH)
 #undef DDTREE_MLA_LAUNCH
     return cudaErrorInvalidValue;

@@ -28,9 +28,9 @@ bool mla_dims_supported(int kv_lora, int rope_dim);
 // Workspace floats for `max_rows` rows whose kv_len never exceeds `max_len`.
 int64_t mla_workspace_floats(const MlaDims& dims, int max_rows, int max_len);
 
-// q: [rows, heads, kv_lora + rope_dim]; cache: [slots, kv_lora + rope_dim]; row r reads cache rows
-// kv_start[r] .. kv_start[r] + kv_len[r] - 1 (kv_len >= 1, <= max_len). out: [rows, heads, kv_lora].
-cudaError_t mla_attention(bf16* out, const bf16* q, const bf16* cache, const int32_t* kv_start,
+// q: [rows, heads, kv_lora + rope_dim]; cache: [cache_rows, kv_lora + rope_dim], 16-byte aligned; row r reads
+// cache rows kv_start[r] .. kv_start[r] + kv_len[r] - 1 (kv_len >= 1, <= max_len). out: [rows, heads, kv_lora].
+cudaError_t mla_attention(bf16* out, const bf16* q, const bf16* cache, int64_t cache_rows, const int32_t* kv_start,
                           const int32_t* kv_len, int rows, int max_len, const MlaDims& dims, float softmax_scale,
                           float* workspace, cudaStream_t stream);
 

@@ -125,7 +125,7 @@ void mla_attention(CudaArray out, CudaArray q, CudaArray cache, CudaArray kv_sta
     }
     CUDA_CHECK(k::mla_attention(checked<k::bf16>(out, "out", DType::bf16, {rows, heads, dl}),
                                 checked<const k::bf16>(q, "q", DType::bf16, {rows, heads, d}),
-                                checked<const k::bf16>(cache, "cache", DType::bf16, {-1, d}),
+                                checked<const k::bf16>(cache, "cache", DType::bf16, {-1, d}), dim(cache, 0),
                                 checked<const int32_t>(kv_start, "kv_start", DType::i32, {rows}),
                                 checked<const int32_t>(kv_len, "kv_len", DType::i32, {rows}), rows, max_len, dims,
                                 softmax_scale, ws, launch_stream));

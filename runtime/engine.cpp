@@ -315,7 +315,8 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, Timeline* time
                                        d.heads * d.qk(), d.qk(), d.nope, rows.positions, n, d.heads, rope, s));
         });
         op("attention", [&] {
-            CUDA_CHECK(k::mla_attention(o_lat_, q_abs_, cache, rows.kv_start, rows.kv_len, n, max_context_, mla,
+            CUDA_CHECK(k::mla_attention(o_lat_, q_abs_, cache, static_cast<int64_t>(streams_) * max_context_,
+                                        rows.kv_start, rows.kv_len, n, max_context_, mla,
                                         d.softmax_scale, attn_ws_, s));
         });
         gemm("kv_b_absorb_v", o_lat_, d.heads * d.kv_lora, lw.kv_b + static_cast<size_t>(d.nope) * d.kv_lora, v_out_,

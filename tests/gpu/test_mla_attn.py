@@ -61,6 +61,20 @@ def test_mla_attention_matches_fp32(heads: int, lora: int, rope: int, lengths: l
 
 
 @pytest.mark.parametrize("heads,lora,rope", [(64, 512, 64), (8, 128, 32), (4, 32, 16)])
+def test_mla_attention_ignores_cache_rows_past_the_length(heads: int, lora: int, rope: int) -> None:
+    """Tiles are copied whole: the rows after a row's last key (other positions, NaN here) must not leak in."""
+    lengths = [1, 45, 531]
+    q, cache, kv_start, kv_len, cap = _setup(heads, lora, rope, lengths, 7)
+    for start, n in zip(kv_start.tolist(), lengths):
+        cache[start + n:start + cap] = float("nan")
+    scale = (128 + rope) ** -0.5
+    out = _attend(q, cache, kv_start, kv_len, cap, lora, scale)
+    ref = _reference(q, cache, kv_start, kv_len, lora, scale)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), ref, rtol=2**-6, atol=2**-7 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("heads,lora,rope", [(64, 512, 64), (8, 128, 32), (4, 32, 16)])
 def test_mla_attention_batch_invariant(heads: int, lora: int, rope: int) -> None:
     lengths = [700, 1, 3000, 513, 64, 2048, 9, 1200, 31, 777, 1600, 2, 4000, 100, 512, 1024]
     q, cache, kv_start, kv_len, cap = _setup(heads, lora, rope, lengths, 3)
