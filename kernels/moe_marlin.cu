@@ -23,6 +23,8 @@
 // GEMM1 releases GEMM2 only after its own wait.
 #include "moe_marlin.cuh"
 
+#include <algorithm>
+
 #include "gemm_mma.cuh"
 
 namespace ddtree::kernels::moe {
@@ -92,11 +94,10 @@ struct GemmParams {
     int k;                    // reduction length
     int stripes;              // stripes per expert
     int topk;
-    const int* sorted_pairs;  // moe_align's routing (unused when align_in_cta)
+    const int* sorted_pairs;  // moe_align's routing (unused by the kAlignInCta instances)
     const int4* blocks;
     const int* block_counts;  // [0] token blocks, [3] wide blocks (see Workspace::counters)
     int* next_unit;
-    bool align_in_cta;        // at most kCtaAlignPairs pairs: every CTA aligns the routing below itself
     const int32_t* topk_ids;
     const uint8_t* expert_mask;
     int pairs, experts;
@@ -413,11 +414,12 @@ __device__ void run_unit_of_width(const GemmParams& p, const UnitMap& map, const
     }
 }
 
-template <bool kGateUp>
+// kAlignInCta: a call of at most kCtaAlignPairs pairs, whose CTAs align the routing themselves (no moe_align
+// launch). A separate instance, so that larger calls run code with no trace of that path.
+template <bool kGateUp, bool kAlignInCta>
 __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(const GemmParams p) {
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ UnitShared us;
-    __shared__ CtaRouting cta_routing;
     if (threadIdx.x == 0) {
         for (int s = 0; s < kMaxStages; ++s) barrier_init(&us.full[s]);
         barrier_init_fence();
@@ -427,7 +429,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(const GemmParams 
     if (kGateUp) grid_dependency_wait();
     allow_dependent_launch();
     Routing routing;
-    if (p.align_in_cta) {
+    if constexpr (kAlignInCta) {
+        __shared__ CtaRouting cta_routing;
         if (threadIdx.x < 32) align_in_warp(p, cta_routing);
         __syncthreads();
         routing = {cta_routing.blocks, cta_routing.sorted_pairs, cta_routing.count, 0};
@@ -445,7 +448,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(const GemmParams 
         // call's units all stream the same bytes (one token tile) and no moe_align ran to reset the counter:
         // a static stride.
         if (threadIdx.x == kSchedulerThread) {
-            cta.next_unit = static_cast<int>(gridDim.x) + (p.align_in_cta ? unit : atomicAdd(p.next_unit, 1));
+            cta.next_unit = static_cast<int>(gridDim.x) + (kAlignInCta ? unit : atomicAdd(p.next_unit, 1));
         }
         const Unit u = locate(p, routing, map, unit);
         if (u.stripes == 2) {  // narrow block: at most kPairedMaxTiles tiles
@@ -564,21 +567,26 @@ Workspace carve_workspace(void* base, int experts, int inter, int topk, int max_
     return ws;
 }
 
+// Shared-memory opt-in and resident CTAs per SM of one GEMM instance.
+template <bool kGateUp, bool kAlignInCta>
+cudaError_t configure_instance(int* per_sm) {
+    DDTREE_RETURN_IF_ERROR(cudaFuncSetAttribute(moe_gemm_kernel<kGateUp, kAlignInCta>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes));
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, moe_gemm_kernel<kGateUp, kAlignInCta>, kThreads,
+                                                         kRingBytes);
+}
+
 cudaError_t configure(int device, int* gemm_ctas) {
     DDTREE_RETURN_IF_ERROR(cudaSetDevice(device));
-    DDTREE_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(moe_gemm_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes));
-    DDTREE_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(moe_gemm_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes));
-    int sms = 0, per_sm_gate = 0, per_sm_down = 0;
+    int sms = 0, per_sm[4] = {};
     DDTREE_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    DDTREE_RETURN_IF_ERROR(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_gate, moe_gemm_kernel<true>, kThreads, kRingBytes));
-    DDTREE_RETURN_IF_ERROR(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_down, moe_gemm_kernel<false>, kThreads, kRingBytes));
-    const int per_sm = per_sm_gate < per_sm_down ? per_sm_gate : per_sm_down;
-    if (per_sm < 1) return cudaErrorInvalidConfiguration;
-    *gemm_ctas = sms * per_sm;
+    DDTREE_RETURN_IF_ERROR((configure_instance<true, false>(&per_sm[0])));
+    DDTREE_RETURN_IF_ERROR((configure_instance<false, false>(&per_sm[1])));
+    DDTREE_RETURN_IF_ERROR((configure_instance<true, true>(&per_sm[2])));
+    DDTREE_RETURN_IF_ERROR((configure_instance<false, true>(&per_sm[3])));
+    const int fewest = std::min({per_sm[0], per_sm[1], per_sm[2], per_sm[3]});
+    if (fewest < 1) return cudaErrorInvalidConfiguration;
+    *gemm_ctas = sms * fewest;
     return cudaSuccess;
 }
 
@@ -586,8 +594,8 @@ cudaError_t moe_forward(const MoeArgs& a, const Workspace& ws, int gemm_ctas, cu
     if (a.tokens == 0) return cudaSuccess;
     GemmParams p{};
     p.pairs = a.tokens * a.topk;
-    p.align_in_cta = p.pairs <= kCtaAlignPairs;
-    if (!p.align_in_cta) {
+    const bool align_in_cta = p.pairs <= kCtaAlignPairs;
+    if (!align_in_cta) {
         DDTREE_RETURN_IF_ERROR(moe_align(a.topk_ids, a.expert_mask, a.tokens, a.topk, a.experts, ws, stream));
     }
     p.topk_ids = a.topk_ids;
@@ -609,16 +617,16 @@ cudaError_t moe_forward(const MoeArgs& a, const Workspace& ws, int gemm_ctas, cu
     p.k = a.hidden;
     p.stripes = 2 * a.inter / kStripeRows;
     p.next_unit = ws.counters + 1;
-    DDTREE_RETURN_IF_ERROR(
-        launch_dependent(moe_gemm_kernel<true>, dim3(gemm_ctas), dim3(kThreads), kRingBytes, stream, p));
+    DDTREE_RETURN_IF_ERROR(launch_dependent(align_in_cta ? moe_gemm_kernel<true, true> : moe_gemm_kernel<true, false>,
+                                            dim3(gemm_ctas), dim3(kThreads), kRingBytes, stream, p));
 
     p.weights = a.w2;
     p.act_in = ws.act;
     p.k = a.inter;
     p.stripes = a.hidden / kStripeRows;
     p.next_unit = ws.counters + 2;
-    DDTREE_RETURN_IF_ERROR(
-        launch_dependent(moe_gemm_kernel<false>, dim3(gemm_ctas), dim3(kThreads), kRingBytes, stream, p));
+    DDTREE_RETURN_IF_ERROR(launch_dependent(align_in_cta ? moe_gemm_kernel<false, true> : moe_gemm_kernel<false, false>,
+                                            dim3(gemm_ctas), dim3(kThreads), kRingBytes, stream, p));
 
     return launch_dependent(moe_combine_kernel, dim3(a.tokens, (a.hidden + kCombineCols - 1) / kCombineCols),
                             dim3(kCombineThreads), 0, stream, a.out, static_cast<const float*>(ws.contrib), a.topk_ids,
