@@ -2,7 +2,8 @@
 // the fixed-order top-k combine, and the device dequantization oracle. Layout: see moe_marlin.cuh.
 //
 // Schedule: a persistent grid runs units (token block, S adjacent stripes); a CTA's first unit is its block
-// index, later ones come from a counter that moe_align resets. Each unit streams its S contiguous weight
+// index, later ones come from a counter that moe_align resets (calls of at most kCtaAlignPairs pairs: a static
+// stride, see below). Each unit streams its S contiguous weight
 // stripes once through a shared-memory ring: per stage one bulk copy (TMA, cp.async.bulk) per stripe
 // chunk, completing on that slot's mbarrier and marked evict-first in L2, and the gathered activations of
 // up to 64 tokens by per-thread cp.async, shared by the S stripes (S = 2 halves activation traffic and
@@ -15,7 +16,14 @@
 // start: GEMM1 releases GEMM2 only after its own wait, so align's block list is complete and GEMM2 claims
 // its first unit and streams that unit's weights before waiting for GEMM1's activations. Every CTA waits
 // before it exits, so a kernel's completion implies its predecessors' completion.
+//
+// Decode-size calls (at most kCtaAlignPairs (token, slot) pairs) skip moe_align: one warp of every GEMM CTA
+// aligns the routing itself in a few warp instructions, which costs less than a dependent launch of align's
+// single CTA and its completion. GEMM2 does this before its wait too: topk_ids come from before the call, and
+// GEMM1 releases GEMM2 only after its own wait.
 #include "moe_marlin.cuh"
+
+#include <algorithm>
 
 #include "gemm_mma.cuh"
 
@@ -27,6 +35,8 @@ constexpr int kRingBytes = 110 * 1024;  // two CTAs per SM fit in 228 KB
 constexpr int kActRowBytes = kStageK * 2;
 
 constexpr int kMaxStages = 10;
+constexpr int kCtaAlignPairs = 32;  // one lane per pair
+static_assert(kCtaAlignPairs <= kPairedMaxTiles * 8, "a CTA-aligned expert fits one narrow block");
 
 constexpr int act_stage_bytes(int nt) { return nt * 8 * kActRowBytes; }
 constexpr int slot_bytes(int nt, int s) { return s * kStageBytes + act_stage_bytes(nt); }
@@ -84,10 +94,13 @@ struct GemmParams {
     int k;                    // reduction length
     int stripes;              // stripes per expert
     int topk;
-    const int* sorted_pairs;
+    const int* sorted_pairs;  // moe_align's routing (unused by the kAlignInCta instances)
     const int4* blocks;
     const int* block_counts;  // [0] token blocks, [3] wide blocks (see Workspace::counters)
     int* next_unit;
+    const int32_t* topk_ids;
+    const uint8_t* expert_mask;
+    int pairs, experts;
     bf16* act_out;            // GEMM1 epilogue target [pairs, inter]
     int inter;
     float* contrib_out;       // GEMM2 epilogue target [pairs, hidden]
@@ -95,6 +108,49 @@ struct GemmParams {
     const float* topk_weights;
     float scaling;
 };
+
+// A call's token blocks, from moe_align (global memory) or from align_in_warp (this CTA's shared memory).
+struct Routing {
+    const int4* blocks;
+    const int* sorted_pairs;
+    int count, wide;
+};
+
+// Shared-memory result of align_in_warp.
+struct CtaRouting {
+    int4 blocks[kCtaAlignPairs];
+    int sorted_pairs[kCtaAlignPairs];
+    int count;
+};
+
+// Routing alignment of a call of at most kCtaAlignPairs pairs by one warp, lane = pair: each used expert's pairs
+// form one block (narrow: at most 32 tokens), in lane order; blocks come in the order of their experts' first
+// pairs. Same skipping rule as moe_align (ids outside [0, experts), masked experts).
+__device__ void align_in_warp(const GemmParams& p, CtaRouting& r) {
+    constexpr uint32_t kAll = 0xffffffffu;
+    const int lane = threadIdx.x % 32;
+    int e = -1;
+    bool used = false;
+    if (lane < p.pairs) {
+        e = p.topk_ids[lane];
+        used = e >= 0 && e < p.experts && (p.expert_mask == nullptr || p.expert_mask[e] != 0);
+    }
+    const uint32_t peers = __match_any_sync(kAll, used ? e : -1 - lane);  // skipped pairs match no other lane
+    const uint32_t used_lanes = __ballot_sync(kAll, used);
+    const uint32_t below = (1u << lane) - 1u;
+    const int leader = __ffs(peers) - 1;
+    const bool leads = used && leader == lane;
+    const uint32_t leaders = __ballot_sync(kAll, leads);
+    int start = 0;  // pairs of the experts whose first pair comes earlier
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        const int leader_j = __shfl_sync(kAll, leader, j);
+        start += ((used_lanes >> j) & 1u) != 0 && leader_j < leader;
+    }
+    if (used) r.sorted_pairs[start + __popc(peers & below)] = lane;
+    if (leads) r.blocks[__popc(leaders & below)] = make_int4(e, start, __popc(peers), 0);
+    if (lane == 0) r.count = __popc(leaders);
+}
 
 struct UnitShared {
     uint64_t full[kMaxStages];         // per ring slot: the stage's weight chunk has landed
@@ -111,15 +167,16 @@ struct UnitMap {
 };
 
 struct Unit {
-    int4 blk;      // {expert, first sorted index, tokens, 0}
-    int stripe0;   // first stripe
-    int stripes;   // 1 or 2
+    int4 blk;          // {expert, first sorted index, tokens, 0}
+    const int* pairs;  // the block's pair ids (blk.z of them)
+    int stripe0;       // first stripe
+    int stripes;       // 1 or 2
 };
 
-__device__ __forceinline__ UnitMap make_unit_map(const GemmParams& p) {
+__device__ __forceinline__ UnitMap make_unit_map(const GemmParams& p, const Routing& r) {
     UnitMap m;
-    const int blocks = p.block_counts[0];
-    m.wide = p.block_counts[3];
+    const int blocks = r.count;
+    m.wide = r.wide;
     m.wide_units = m.wide * p.stripes;
     const bool paired = p.stripes % 2 == 0 &&
                         5 * (m.wide_units + (blocks - m.wide) * (p.stripes / 2)) >= 4 * static_cast<int>(gridDim.x);
@@ -129,11 +186,14 @@ __device__ __forceinline__ UnitMap make_unit_map(const GemmParams& p) {
     return m;
 }
 
-__device__ __forceinline__ Unit locate(const GemmParams& p, const UnitMap& m, int unit) {
-    if (unit < m.wide_units) return {p.blocks[unit / p.stripes], unit % p.stripes, 1};
+__device__ __forceinline__ Unit locate(const GemmParams& p, const Routing& r, const UnitMap& m, int unit) {
+    if (unit < m.wide_units) {
+        const int4 blk = r.blocks[unit / p.stripes];
+        return {blk, r.sorted_pairs + blk.y, unit % p.stripes, 1};
+    }
     const int u = unit - m.wide_units;
-    return {p.blocks[m.wide + u / m.narrow_units_per_block], u % m.narrow_units_per_block * m.narrow_stripes,
-            m.narrow_stripes};
+    const int4 blk = r.blocks[m.wide + u / m.narrow_units_per_block];
+    return {blk, r.sorted_pairs + blk.y, u % m.narrow_units_per_block * m.narrow_stripes, m.narrow_stripes};
 }
 
 // The thread that claims units: outside warp 0, whose thread 0 issues the bulk copies, so waiting for the
@@ -198,7 +258,7 @@ __device__ void run_unit(const GemmParams& p, const UnitMap& map, const Unit& u,
         }
     }
     if (tid < kBlockTokens) {
-        const int pair = tid < blk.z ? p.sorted_pairs[blk.y + tid] : -1;
+        const int pair = tid < blk.z ? u.pairs[tid] : -1;
         us.pairs[tid] = pair;
         us.rows[tid] = pair < 0 ? nullptr : p.act_in + static_cast<size_t>(kGateUp ? pair / p.topk : pair) * p.k;
         if (!kGateUp) us.weight[tid] = pair < 0 ? 0.f : p.topk_weights[pair] * p.scaling;
@@ -354,7 +414,9 @@ __device__ void run_unit_of_width(const GemmParams& p, const UnitMap& map, const
     }
 }
 
-template <bool kGateUp>
+// kAlignInCta: a call of at most kCtaAlignPairs pairs, whose CTAs align the routing themselves (no moe_align
+// launch). A separate instance, so that larger calls run code with no trace of that path.
+template <bool kGateUp, bool kAlignInCta>
 __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(const GemmParams p) {
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ UnitShared us;
@@ -362,19 +424,33 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(const GemmParams 
         for (int s = 0; s < kMaxStages; ++s) barrier_init(&us.full[s]);
         barrier_init_fence();
     }
-    // GEMM1 reads align's block list; GEMM2 starts only after every GEMM1 CTA passed this wait (see top).
+    // GEMM1 reads align's block list or the routing; GEMM2 starts only after every GEMM1 CTA passed this wait
+    // (see top).
     if (kGateUp) grid_dependency_wait();
     allow_dependent_launch();
-    const UnitMap map = make_unit_map(p);
+    Routing routing;
+    if constexpr (kAlignInCta) {
+        __shared__ CtaRouting cta_routing;
+        if (threadIdx.x < 32) align_in_warp(p, cta_routing);
+        __syncthreads();
+        routing = {cta_routing.blocks, cta_routing.sorted_pairs, cta_routing.count, 0};
+    } else {
+        routing = {p.blocks, p.sorted_pairs, p.block_counts[0], p.block_counts[3]};
+    }
+    const UnitMap map = make_unit_map(p, routing);
     CtaState cta{0u, !kGateUp, static_cast<int>(blockIdx.x)};  // the first unit needs no atomic
     for (;;) {
         if (threadIdx.x == kSchedulerThread) us.unit = cta.next_unit;
         __syncthreads();  // also publishes the barrier initialisation
         const int unit = us.unit;
         if (unit >= map.total) break;
-        // Claim the following unit now, so the atomic's latency hides behind this unit's stream.
-        if (threadIdx.x == kSchedulerThread) cta.next_unit = static_cast<int>(gridDim.x) + atomicAdd(p.next_unit, 1);
-        const Unit u = locate(p, map, unit);
+        // Claim the following unit now, so the atomic's latency hides behind this unit's stream. A CTA-aligned
+        // call's units all stream the same bytes (one token tile) and no moe_align ran to reset the counter:
+        // a static stride.
+        if (threadIdx.x == kSchedulerThread) {
+            cta.next_unit = static_cast<int>(gridDim.x) + (kAlignInCta ? unit : atomicAdd(p.next_unit, 1));
+        }
+        const Unit u = locate(p, routing, map, unit);
         if (u.stripes == 2) {  // narrow block: at most kPairedMaxTiles tiles
             run_unit_of_width<2, kPairedMaxTiles, kGateUp>(p, map, u, ring, us, cta);
         } else {
@@ -491,29 +567,40 @@ Workspace carve_workspace(void* base, int experts, int inter, int topk, int max_
     return ws;
 }
 
+// Shared-memory opt-in and resident CTAs per SM of one GEMM instance.
+template <bool kGateUp, bool kAlignInCta>
+cudaError_t configure_instance(int* per_sm) {
+    DDTREE_RETURN_IF_ERROR(cudaFuncSetAttribute(moe_gemm_kernel<kGateUp, kAlignInCta>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes));
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, moe_gemm_kernel<kGateUp, kAlignInCta>, kThreads,
+                                                         kRingBytes);
+}
+
 cudaError_t configure(int device, int* gemm_ctas) {
     DDTREE_RETURN_IF_ERROR(cudaSetDevice(device));
-    DDTREE_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(moe_gemm_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes));
-    DDTREE_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(moe_gemm_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes));
-    int sms = 0, per_sm_gate = 0, per_sm_down = 0;
+    int sms = 0, per_sm[4] = {};
     DDTREE_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    DDTREE_RETURN_IF_ERROR(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_gate, moe_gemm_kernel<true>, kThreads, kRingBytes));
-    DDTREE_RETURN_IF_ERROR(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_down, moe_gemm_kernel<false>, kThreads, kRingBytes));
-    const int per_sm = per_sm_gate < per_sm_down ? per_sm_gate : per_sm_down;
-    if (per_sm < 1) return cudaErrorInvalidConfiguration;
-    *gemm_ctas = sms * per_sm;
+    DDTREE_RETURN_IF_ERROR((configure_instance<true, false>(&per_sm[0])));
+    DDTREE_RETURN_IF_ERROR((configure_instance<false, false>(&per_sm[1])));
+    DDTREE_RETURN_IF_ERROR((configure_instance<true, true>(&per_sm[2])));
+    DDTREE_RETURN_IF_ERROR((configure_instance<false, true>(&per_sm[3])));
+    const int fewest = std::min({per_sm[0], per_sm[1], per_sm[2], per_sm[3]});
+    if (fewest < 1) return cudaErrorInvalidConfiguration;
+    *gemm_ctas = sms * fewest;
     return cudaSuccess;
 }
 
 cudaError_t moe_forward(const MoeArgs& a, const Workspace& ws, int gemm_ctas, cudaStream_t stream) {
     if (a.tokens == 0) return cudaSuccess;
-    DDTREE_RETURN_IF_ERROR(moe_align(a.topk_ids, a.expert_mask, a.tokens, a.topk, a.experts, ws, stream));
-
     GemmParams p{};
+    p.pairs = a.tokens * a.topk;
+    const bool align_in_cta = p.pairs <= kCtaAlignPairs;
+    if (!align_in_cta) {
+        DDTREE_RETURN_IF_ERROR(moe_align(a.topk_ids, a.expert_mask, a.tokens, a.topk, a.experts, ws, stream));
+    }
+    p.topk_ids = a.topk_ids;
+    p.expert_mask = a.expert_mask;
+    p.experts = a.experts;
     p.topk = a.topk;
     p.sorted_pairs = ws.sorted_pairs;
     p.blocks = ws.blocks;
@@ -530,16 +617,16 @@ cudaError_t moe_forward(const MoeArgs& a, const Workspace& ws, int gemm_ctas, cu
     p.k = a.hidden;
     p.stripes = 2 * a.inter / kStripeRows;
     p.next_unit = ws.counters + 1;
-    DDTREE_RETURN_IF_ERROR(
-        launch_dependent(moe_gemm_kernel<true>, dim3(gemm_ctas), dim3(kThreads), kRingBytes, stream, p));
+    DDTREE_RETURN_IF_ERROR(launch_dependent(align_in_cta ? moe_gemm_kernel<true, true> : moe_gemm_kernel<true, false>,
+                                            dim3(gemm_ctas), dim3(kThreads), kRingBytes, stream, p));
 
     p.weights = a.w2;
     p.act_in = ws.act;
     p.k = a.inter;
     p.stripes = a.hidden / kStripeRows;
     p.next_unit = ws.counters + 2;
-    DDTREE_RETURN_IF_ERROR(
-        launch_dependent(moe_gemm_kernel<false>, dim3(gemm_ctas), dim3(kThreads), kRingBytes, stream, p));
+    DDTREE_RETURN_IF_ERROR(launch_dependent(align_in_cta ? moe_gemm_kernel<false, true> : moe_gemm_kernel<false, false>,
+                                            dim3(gemm_ctas), dim3(kThreads), kRingBytes, stream, p));
 
     return launch_dependent(moe_combine_kernel, dim3(a.tokens, (a.hidden + kCombineCols - 1) / kCombineCols),
                             dim3(kCombineThreads), 0, stream, a.out, static_cast<const float*>(ws.contrib), a.topk_ids,

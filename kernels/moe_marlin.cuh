@@ -78,8 +78,10 @@ struct MoeArgs {
 // Sets kernel attributes once per device and returns the persistent GEMM grid (CTAs resident at once).
 cudaError_t configure(int device, int* gemm_ctas);
 
-// The whole routed MoE on `stream`: 4 kernels, each launched as a programmatic dependent of the previous
-// one (align waits for whatever precedes the call); no allocation, no host sync (CUDA-graph capturable).
+// The whole routed MoE on `stream`: 4 kernels (3 for at most 32 (token, slot) pairs, whose GEMMs align the
+// routing themselves and leave the workspace's routing buffers untouched), each launched as a programmatic
+// dependent of the previous one (the first waits for whatever precedes the call); no allocation, no host sync
+// (CUDA-graph capturable).
 cudaError_t moe_forward(const MoeArgs& args, const Workspace& ws, int gemm_ctas, cudaStream_t stream);
 
 // Routing alignment only (moe_align.cu): fills pair_rank, sorted_pairs, blocks, counters.

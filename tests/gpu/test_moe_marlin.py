@@ -144,6 +144,27 @@ def test_masked_and_invalid_experts_are_skipped(small: Experts) -> None:
     assert torch.equal(out[7], torch.zeros_like(out[7]))
 
 
+def test_decode_size_calls_align_in_the_gemms(small: Experts) -> None:
+    # At most 32 (token, slot) pairs the GEMM CTAs align the routing themselves (no moe_align launch); such calls
+    # must skip the same pairs and give the same bits as the same tokens inside a larger call.
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    m = 12
+    x = torch.randn(m, 640, device="cuda", generator=gen).bfloat16()
+    ids, wts = routing(m, 40, gen)
+    ids[0, 1] = ids[0, 0]  # one expert twice in a token: two columns of one block
+    ids[1, 2] = -1
+    ids[1, 5] = 40
+    mask = torch.ones(40, dtype=torch.uint8, device="cuda")
+    mask[::3] = 0
+    ids[2] = torch.nonzero(mask == 0).flatten()[:TOPK].int()  # only remote experts: output 0
+    full = assert_matches_reference(small, x, ids, wts, mask)
+    for rows in ((0, 1), (0, 1, 2, 3), (2,), (5,), (11, 4, 7, 1)):  # 32 pairs at most
+        sub = torch.tensor(rows, device="cuda")
+        part = assert_matches_reference(small, x[sub].contiguous(), ids[sub].contiguous(), wts[sub].contiguous(), mask)
+        assert torch.equal(part, full[sub]), rows
+    assert torch.equal(full[2], torch.zeros_like(full[2]))
+
+
 def test_masked_experts_weights_are_never_read() -> None:
     ex = make_experts(experts=16, hidden=256, inter=128, max_tokens=64, seed=9)
     gen = torch.Generator(device="cuda").manual_seed(9)
