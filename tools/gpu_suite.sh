@@ -5,7 +5,9 @@
 #
 # Reports go to $REPORT_DIR (default: $OUT/reports, or bench/results/latest) and, when $OUT is set, are also
 # packed into $OUT/reports.tar.gz: the device tool returns at most 8 files. Wheels that the machine lacks
-# (meson-python, pyproject-metadata) are taken from .wheels/ when that folder exists.
+# (meson-python, pyproject-metadata) are taken from .wheels/ when that folder exists. The build directory is kept
+# under build/ so a second call on a warm machine recompiles only what changed. Each step is killed after
+# $STEP_TIMEOUT seconds (default 540), so a hung kernel costs one step, not the whole device session.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +18,7 @@ if [[ ${1:-} == -k ]]; then
 fi
 report_dir=${REPORT_DIR:-${OUT:+$OUT/reports}}
 report_dir=${report_dir:-bench/results/latest}
+step_timeout=${STEP_TIMEOUT:-540}
 mkdir -p "$report_dir"
 export PYTHONUNBUFFERED=1
 
@@ -26,19 +29,19 @@ fi
 
 status=0
 start=$(date +%s)
-if ! python3 -m pip install -q --no-build-isolation --no-deps . >"$report_dir/build.log" 2>&1; then
+if ! python3 -m pip install -q --no-build-isolation --no-deps -Cbuild-dir=build/gpu-suite . >"$report_dir/build.log" 2>&1; then
     echo "build failed; see build.log"; tail -40 "$report_dir/build.log"; status=1
 fi
 echo "build: $(( $(date +%s) - start )) s"
 nvidia-smi >"$report_dir/nvidia-smi.txt" 2>&1
 # Run from outside the source tree so the installed package (with its native module) is imported.
 if (( status == 0 )); then
-    (cd /tmp && python3 -m pytest -q -p no:cacheprovider "$OLDPWD/tests/gpu" ${pytest_expr[@]+"${pytest_expr[@]}"} \
+    (cd /tmp && timeout "$step_timeout" python3 -m pytest -q -p no:cacheprovider "$OLDPWD/tests/gpu" ${pytest_expr[@]+"${pytest_expr[@]}"} \
         --junitxml="$report_dir/gpu_tests.xml" 2>&1) | tee "$report_dir/gpu_tests.log"
     (( PIPESTATUS[0] == 0 )) || status=1
     for bench in "$@"; do
         echo "== bench $bench"
-        (cd /tmp && python3 "$OLDPWD/tools/bench_$bench.py" --out "$report_dir/$bench" 2>&1) \
+        (cd /tmp && timeout "$step_timeout" python3 "$OLDPWD/tools/bench_$bench.py" --out "$report_dir/$bench" 2>&1) \
             | tee "$report_dir/bench_$bench.log"
         (( PIPESTATUS[0] == 0 )) || status=1
     done
