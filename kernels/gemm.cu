@@ -242,6 +242,89 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmParams p) {
     store_tile<C::kRows, E>(p, b, 0, p.m, row0, rows, reduce);
 }
 
+// K <= kPart (the absorbed-k projection: K = 128, batch = heads). gemm_kernel would give all of K to warp 0 and
+// copy 256-byte rows, the slow size; here the warps own separate 16-row tiles, and a CTA's weight rows, contiguous
+// in memory, arrive in one bulk copy. Rows sit densely in shared memory (K * 2 bytes apart): a two-way bank
+// conflict on the 16-byte loads, cheap next to the copies it saves. The weights stay for every token tile.
+constexpr int kShortKRows = kWarps * kTileRows;
+
+template <int NT>
+constexpr int short_k_smem_bytes() {
+    return (kShortKRows + 8 * NT) * kPart * 2 + kShortKRows * 8 * NT * 4;
+}
+
+template <int NT, GemmEpilogue E>
+__global__ void __launch_bounds__(kThreads) gemm_short_k_kernel(const GemmParams p) {
+    constexpr int kTokens = 8 * NT;
+    extern __shared__ __align__(128) uint8_t smem[];
+    uint8_t* ws = smem;                                                // [kShortKRows][K]
+    uint8_t* xs = smem + kShortKRows * kPart * 2;                      // [kTokens][K]
+    float* sums = reinterpret_cast<float*>(xs + kTokens * kPart * 2);  // [kShortKRows][kTokens]
+    __shared__ __align__(8) uint64_t weights_ready, tokens_ready;      // tokens: one phase per token tile
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int b = blockIdx.z, row0 = blockIdx.x * kShortKRows, rows = min(kShortKRows, p.n - row0);
+    const int row_bytes = p.k * 2;
+    if (threadIdx.x == 0) {
+        barrier_init(&weights_ready);
+        barrier_init(&tokens_ready);
+        barrier_init_fence();
+        barrier_arrive_expect_tx(&weights_ready, rows * row_bytes);
+        bulk_copy_streamed(ws, p.w + b * p.w_stride + static_cast<int64_t>(row0) * p.k, rows * row_bytes,
+                           &weights_ready);
+    }
+    grid_dependency_wait();  // activations and outputs belong to earlier kernels until here
+    allow_dependent_launch();
+    __syncthreads();  // the barriers are initialised
+
+    const bf16* x = p.x + b * p.x_stride;
+    const uint8_t* w_lo = ws + (warp * kTileRows + g) * row_bytes;
+    const uint8_t* w_hi = w_lo + 8 * row_bytes;
+    for (int tok0 = 0, pass = 0; tok0 < p.m; tok0 += kTokens, ++pass) {
+        const int toks = min(kTokens, p.m - tok0);
+        if (threadIdx.x == 0) barrier_arrive_expect_tx(&tokens_ready, toks * row_bytes);
+        if (threadIdx.x < toks) {
+            bulk_copy(xs + threadIdx.x * row_bytes, x + static_cast<int64_t>(tok0 + threadIdx.x) * p.ldx, row_bytes,
+                      &tokens_ready);
+        }
+        barrier_wait(&weights_ready, 0);
+        barrier_wait(&tokens_ready, pass & 1);
+        float acc[NT][4];
+#pragma unroll
+        for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+#pragma unroll
+        for (int j = 0; j < kPart / 32; ++j) {
+            // The thread's 8 consecutive k feed two k16 MMAs, as in gemm_kernel. Lanes past K feed zeros rather
+            // than skip: the MMAs are warp-wide. Rows past N and token rows past M hold stale bytes that only
+            // reach outputs that are never stored.
+            if (32 * j >= p.k) break;
+            const int col = 32 * j + 8 * t;
+            const bool in_k = col < p.k;
+            const uint4 zero = make_uint4(0, 0, 0, 0);
+            const uint4 wa = in_k ? load_shared16(w_lo + col * 2) : zero;
+            const uint4 wb = in_k ? load_shared16(w_hi + col * 2) : zero;
+#pragma unroll
+            for (int i = 0; i < NT; ++i) {
+                const uint4 xv = in_k ? load_shared16(xs + (8 * i + g) * row_bytes + col * 2) : zero;
+                mma_bf16_16816(acc[i], wa.x, wb.x, wa.y, wb.y, xv.x, xv.y);
+                mma_bf16_16816(acc[i], wa.z, wb.z, wa.w, wb.w, xv.z, xv.w);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+            float* dst = sums + (warp * kTileRows + g) * kTokens + 8 * i + 2 * t;
+            dst[0] = acc[i][0];
+            dst[1] = acc[i][1];
+            dst[8 * kTokens] = acc[i][2];
+            dst[8 * kTokens + 1] = acc[i][3];
+        }
+        __syncthreads();
+        store_tile<kShortKRows, E>(p, b, tok0, toks, row0, rows,
+                                   [&](int tok, int row) { return sums[row * kTokens + tok]; });
+        fence_proxy_async();  // the next token tile's bulk copies overwrite the tokens read here
+        __syncthreads();
+    }
+}
+
 // SMs of the current device, queried once per device (132, an H200's, when the query fails).
 int sm_count() {
     static std::atomic<int> counts[64] = {};
@@ -266,6 +349,12 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream) {
     return launch_dependent(kernel, grid, dim3(kThreads), C::kSmemBytes, stream, p);
 }
 
+template <int NT, GemmEpilogue E>
+cudaError_t launch_short_k(const GemmParams& p, cudaStream_t stream) {
+    const dim3 grid((p.n + kShortKRows - 1) / kShortKRows, 1, p.batch);
+    return launch_dependent(gemm_short_k_kernel<NT, E>, grid, dim3(kThreads), short_k_smem_bytes<NT>(), stream, p);
+}
+
 // Tiles by token count: more weight rows per CTA as tokens grow keeps the activation reads from L2 at most
 // the weight bytes; above 32 tokens the weights are streamed once per 32-token tile rather than holding a
 // 64-token activation stage that leaves room for only two stages. When every K split is a single chunk (small
@@ -273,6 +362,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream) {
 // reduction order of an output never depends on the choice.
 template <GemmEpilogue E>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
+    if (p.k <= kPart) return p.m <= 8 ? launch_short_k<1, E>(p, stream) : launch_short_k<2, E>(p, stream);
     const bool one_chunk = (p.k + kChunk - 1) / kChunk <= p.splits;
     if (p.m <= 8) return one_chunk ? launch_config<1, 1, 1, E>(p, stream) : launch_config<1, 1, 4, E>(p, stream);
     if (p.m <= 16) {

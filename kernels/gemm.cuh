@@ -10,6 +10,9 @@
 // epilogue. Every count that shapes a reduction depends on (N, K, batch) only, never on M, so a row's result is
 // bitwise the same however many rows share the launch (batch invariance).
 //
+// K <= 128 (the absorbed-k projection) takes a kernel of its own: the four warps own separate 16-row tiles
+// over the whole of K, and a CTA's 64 weight rows arrive in one bulk copy.
+//
 // Launches are dependent launches (kernels/common.cuh): the first stages' weight copies are issued before the
 // kernel waits for the previous kernel of the stream, so decode-size GEMMs overlap their start with its tail.
 #pragma once

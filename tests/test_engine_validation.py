@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,13 @@ def test_engine_rejects_bad_sizes(tmp_path: Path) -> None:
         ddtree.Engine(tmp_path, streams=0)
     with pytest.raises(RequestError, match="max_context 5000 exceeds the model's max_position_embeddings 1024"):
         ddtree.Engine(tmp_path, streams=1, max_context=5000)
+
+
+def test_engine_rejects_a_model_without_shared_expert(tmp_path: Path) -> None:
+    """The checkpoint's extra tensors do not fail the load; the engine must refuse before it sizes its GEMMs."""
+    make_model("tiny", tmp_path, seed=0)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["n_shared_experts"] = 0
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(RequestError, match="n_shared_experts is 0; the engine runs MoE layers with exactly one"):
+        ddtree.Engine(tmp_path, streams=1, max_context=32)

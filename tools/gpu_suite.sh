@@ -27,12 +27,22 @@ if compgen -G ".wheels/*.whl" >/dev/null; then
     export PYTHONPATH=/tmp/ddtree-build-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 
+# The copy onto the device may keep a file's old time, which ninja would take as unchanged: touch every source
+# whose content differs from the last build's.
+sources_stamp=build/gpu-suite.sources.md5
+if [[ -f $sources_stamp ]]; then
+    md5sum -c --quiet "$sources_stamp" 2>/dev/null | sed -n 's/: FAILED.*$//p' | xargs -r touch -c
+fi
+
 status=0
 start=$(date +%s)
 if ! python3 -m pip install -q --no-build-isolation --no-deps -Cbuild-dir=build/gpu-suite . >"$report_dir/build.log" 2>&1; then
     echo "build failed; see build.log"; tail -40 "$report_dir/build.log"; status=1
 fi
 echo "build: $(( $(date +%s) - start )) s"
+if (( status == 0 )); then
+    find kernels runtime py meson.build meson.options pyproject.toml -type f -exec md5sum {} + >"$sources_stamp"
+fi
 nvidia-smi >"$report_dir/nvidia-smi.txt" 2>&1
 # Run from outside the source tree so the installed package (with its native module) is imported.
 if (( status == 0 )); then

@@ -47,14 +47,16 @@ def _native_engine(cfg: ModelConfig, streams: int, max_context: int, device: int
                            "ddtree.reference runs without one)")
     from ddtree import _native
 
-    if cfg.n_shared_experts > 1:
-        raise RequestError(f"n_shared_experts is {cfg.n_shared_experts}; the engine supports 0 or 1")
     rope = Rope.from_config(cfg)
     return _native.Engine(engine_dims(cfg), rope.inv_freq.tolist(), float(rope.attention_factor), rope.interleave,
                           streams, max_context, device)
 
 
 def _check_sizes(streams: int, max_context: int, cfg: ModelConfig) -> None:
+    moe_layers = cfg.num_hidden_layers > cfg.first_k_dense_replace and cfg.n_routed_experts > 0
+    if moe_layers and cfg.n_shared_experts != 1:
+        raise RequestError(f"n_shared_experts is {cfg.n_shared_experts}; the engine runs MoE layers with exactly one "
+                           "shared expert (as Kimi-K2 and DeepSeek-V3 have)")
     for name, value in (("streams", streams), ("max_context", max_context)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise RequestError(f"{name} must be a positive integer, got {value!r}")

@@ -37,10 +37,10 @@ def _tolerance(ref: torch.Tensor, k: int) -> float:
 
 
 # (m, n, k): every token tiling (<= 8, <= 16, <= 32, <= 64 and several passes of 64), N not a multiple of the
-# 16/32-row tiles, K below, between and not a multiple of the 512-column chunks, and K2 shapes that take the
-# split-K path (small N, large K).
+# 16/32-row tiles, K below, between and not a multiple of the 512-column chunks, K <= 128 and not a multiple of
+# 32 (the short-K kernel), and K2 shapes that take the split-K path (small N, large K).
 SHAPES = [(1, 2112, 7168), (3, 100, 200), (16, 576, 7168), (17, 1000, 328), (64, 384, 7168), (100, 264, 1536),
-          (5, 12288, 1536), (9, 7168, 2048), (33, 40, 1064), (130, 48, 520)]
+          (5, 12288, 1536), (9, 7168, 2048), (33, 40, 1064), (130, 48, 520), (70, 96, 48), (3, 40, 16)]
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
@@ -78,7 +78,7 @@ def test_gemm_batched_heads() -> None:
     torch.testing.assert_close(out.float(), ref, rtol=2**-7, atol=_tolerance(ref, k))
 
 
-@pytest.mark.parametrize("n,k", [(2112, 7168), (384, 7168), (7168, 8192), (333, 96)])
+@pytest.mark.parametrize("n,k", [(2112, 7168), (384, 7168), (7168, 8192), (333, 96), (100, 48)])
 def test_gemm_batch_invariant(n: int, k: int) -> None:
     x, w = _inputs(64, n, k, 11)
     full = _run(x, w, "f32", n, torch.float32)
