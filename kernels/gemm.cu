@@ -18,7 +18,7 @@ constexpr int kRowBytes = kChunk * 2 + 64;  // smem row stride: rows g and g + 1
 // on the H200, splitting wider shapes costs more in partial sums and short CTAs than it gains in parallelism.
 constexpr int kSplitTilesPerSm = 2;
 constexpr int kMaxSplits = 16;
-constexpr int kShortRingChunks = 4;  // up to this many chunks per CTA, decode GEMMs take a two-stage ring
+constexpr int kShortRingChunks = 4;  // decode GEMMs with unsplit K of up to this many chunks: two-stage ring
 
 // RT weight tiles of 16 rows and NT token tiles of 8 per CTA, S stages in the ring. Shared memory stays near
 // 110 KB where possible so two CTAs share an SM.
@@ -243,15 +243,16 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmParams p) {
     store_tile<C::kRows, E>(p, b, 0, p.m, row0, rows, reduce);
 }
 
-// K <= kPart (the absorbed-k projection: K = 128, batch = heads). gemm_kernel would give all of K to warp 0 and
+// K <= kShortKMax (the absorbed-k projection: K = 128, batch = heads). gemm_kernel would give all of K to warp 0 and
 // copy 256-byte rows, the slow size; here the warps own separate 16-row tiles, and a CTA's weight rows, contiguous
 // in memory, arrive in one bulk copy. Rows sit densely in shared memory (K * 2 bytes apart): a two-way bank
 // conflict on the 16-byte loads, cheap next to the copies it saves. The weights stay for every token tile.
 constexpr int kShortKRows = kWarps * kTileRows;
+constexpr int kShortKMax = kPart;  // one k-part: the K that gemm_kernel would give to a single warp
 
 template <int NT>
 constexpr int short_k_smem_bytes() {
-    return (kShortKRows + 8 * NT) * kPart * 2 + kShortKRows * 8 * NT * 4;
+    return (kShortKRows + 8 * NT) * kShortKMax * 2 + kShortKRows * 8 * NT * 4;
 }
 
 template <int NT, GemmEpilogue E>
@@ -259,8 +260,8 @@ __global__ void __launch_bounds__(kThreads) gemm_short_k_kernel(const GemmParams
     constexpr int kTokens = 8 * NT;
     extern __shared__ __align__(128) uint8_t smem[];
     uint8_t* ws = smem;                                                // [kShortKRows][K]
-    uint8_t* xs = smem + kShortKRows * kPart * 2;                      // [kTokens][K]
-    float* sums = reinterpret_cast<float*>(xs + kTokens * kPart * 2);  // [kShortKRows][kTokens]
+    uint8_t* xs = smem + kShortKRows * kShortKMax * 2;                      // [kTokens][K]
+    float* sums = reinterpret_cast<float*>(xs + kTokens * kShortKMax * 2);  // [kShortKRows][kTokens]
     __shared__ __align__(8) uint64_t weights_ready, tokens_ready;      // tokens: one phase per token tile
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int b = blockIdx.z, row0 = blockIdx.x * kShortKRows, rows = min(kShortKRows, p.n - row0);
@@ -293,7 +294,7 @@ __global__ void __launch_bounds__(kThreads) gemm_short_k_kernel(const GemmParams
 #pragma unroll
         for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 #pragma unroll
-        for (int j = 0; j < kPart / 32; ++j) {
+        for (int j = 0; j < kShortKMax / 32; ++j) {
             // The thread's 8 consecutive k feed two k16 MMAs, as in gemm_kernel. Lanes past K feed zeros rather
             // than skip: the MMAs are warp-wide. Rows past N and token rows past M hold stale bytes that only
             // reach outputs that are never stored.
@@ -363,7 +364,7 @@ cudaError_t launch_short_k(const GemmParams& p, cudaStream_t stream) {
 // reduction order of an output never depends on the choice.
 template <GemmEpilogue E>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
-    if (p.k <= kPart) return p.m <= 8 ? launch_short_k<1, E>(p, stream) : launch_short_k<2, E>(p, stream);
+    if (p.k <= kShortKMax) return p.m <= 8 ? launch_short_k<1, E>(p, stream) : launch_short_k<2, E>(p, stream);
     const bool one_chunk = (p.k + kChunk - 1) / kChunk <= p.splits;
     if (p.m <= 8) {
         // Unsplit K of at most four chunks (q_b, shared down on K2): each CTA's ring never runs deep, and two

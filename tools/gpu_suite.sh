@@ -29,14 +29,19 @@ fi
 
 # The copy onto the device may keep a file's old time, which ninja would take as unchanged: touch every source
 # whose content differs from the last build's.
+# Without a stamp from a successful build, the kept objects cannot be trusted: start the build over.
 sources_stamp=build/gpu-suite.sources.md5
 if [[ -f $sources_stamp ]]; then
     md5sum -c --quiet "$sources_stamp" 2>/dev/null | sed -n 's/: FAILED.*$//p' | xargs -r touch -c
+else
+    rm -rf build/gpu-suite
 fi
 
 status=0
 start=$(date +%s)
-if ! python3 -m pip install -q --no-build-isolation --no-deps -Cbuild-dir=build/gpu-suite . >"$report_dir/build.log" 2>&1; then
+rm -f "$sources_stamp"
+if ! python3 -m pip install -q --no-build-isolation --no-deps -Cbuild-dir=build/gpu-suite . \
+        >"$report_dir/build.log" 2>&1; then
     echo "build failed; see build.log"; tail -40 "$report_dir/build.log"; status=1
 fi
 echo "build: $(( $(date +%s) - start )) s"

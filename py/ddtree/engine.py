@@ -52,11 +52,13 @@ def _native_engine(cfg: ModelConfig, streams: int, max_context: int, device: int
                           streams, max_context, device)
 
 
-def _check_sizes(streams: int, max_context: int, cfg: ModelConfig) -> None:
-    moe_layers = cfg.num_hidden_layers > cfg.first_k_dense_replace and cfg.n_routed_experts > 0
-    if moe_layers and cfg.n_shared_experts != 1:
+def _check_supported(cfg: ModelConfig) -> None:
+    if cfg.num_hidden_layers > cfg.first_k_dense_replace and cfg.n_shared_experts != 1:
         raise RequestError(f"n_shared_experts is {cfg.n_shared_experts}; the engine runs MoE layers with exactly one "
                            "shared expert (as Kimi-K2 and DeepSeek-V3 have)")
+
+
+def _check_sizes(streams: int, max_context: int, cfg: ModelConfig) -> None:
     for name, value in (("streams", streams), ("max_context", max_context)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise RequestError(f"{name} must be a positive integer, got {value!r}")
@@ -101,6 +103,7 @@ class Engine:
 
     def __init__(self, model_dir: str | Path, streams: int = 1, max_context: int = 4096, device: int = 0) -> None:
         checkpoint = open_checkpoint(model_dir)
+        _check_supported(checkpoint.config)
         _check_sizes(streams, max_context, checkpoint.config)
         self.config = checkpoint.config
         self.streams, self.max_context = streams, max_context
@@ -110,6 +113,7 @@ class Engine:
     @classmethod
     def random(cls, cfg: ModelConfig, streams: int, max_context: int, device: int = 0, seed: int = 0) -> Engine:
         """An engine with random weights of the right scale (benchmarks at K2 dims with no checkpoint on disk)."""
+        _check_supported(cfg)
         _check_sizes(streams, max_context, cfg)
         engine = cls.__new__(cls)
         engine.config, engine.streams, engine.max_context = cfg, streams, max_context
