@@ -20,6 +20,20 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
 
 // SiLU with the fast exponential, as the dense MLP, the shared expert and the plain INT4 experts use it.
 __device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
+
+// Sum of `v` over a CTA of kThreads threads, returned to every thread: a butterfly inside each warp, then the warp
+// sums in warp order. The order depends on kThreads only. Once per kernel (its shared array is not re-armed).
+template <int kThreads>
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float warp_sums[kThreads / 32];
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+    __syncthreads();
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
+    return total;
+}
 #endif
 
 // Programmatic dependent launch (sm_90). A kernel started by launch_dependent may begin while the previous

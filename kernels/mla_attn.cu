@@ -376,18 +376,23 @@ __global__ void mla_merge_kernel(bf16* out, const float* part_o, const float* pa
     }
 }
 
-// The cache as a 2-D tensor [cache_rows, D] of bf16 for bulk-tensor copies of kTileKeys x 64 boxes with the
-// 128-byte swizzle. The driver's encoder is fetched once through the runtime (no link to libcuda).
-cudaError_t encode_cache_map(CUtensorMap* map, const bf16* cache, int64_t cache_rows, int d) {
-    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-    if (encode == nullptr) {
-        cudaDriverEntryPointQueryResult found{};
-        void* fn = nullptr;
-        DDTREE_RETURN_IF_ERROR(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                                                cudaEnableDefault, &found));
-        if (found != cudaDriverEntryPointSuccess || fn == nullptr) return cudaErrorNotSupported;
-        encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+// The driver's tensor-map encoder, fetched through the runtime (no link to libcuda); null when unavailable.
+PFN_cuTensorMapEncodeTiled_v12000 lookup_tensor_map_encoder() {
+    cudaDriverEntryPointQueryResult found{};
+    void* fn = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+        return nullptr;
     }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+}
+
+// The cache as a 2-D tensor [cache_rows, D] of bf16 for bulk-tensor copies of kTileKeys x 64 boxes with the
+// 128-byte swizzle.
+cudaError_t encode_cache_map(CUtensorMap* map, const bf16* cache, int64_t cache_rows, int d) {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = lookup_tensor_map_encoder();  // once, thread-safe
+    if (encode == nullptr) return cudaErrorNotSupported;
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(cache_rows)};
     const cuuint64_t row_stride[1] = {static_cast<cuuint64_t>(d) * sizeof(bf16)};
     const cuuint32_t box[2] = {64, kTileKeys};

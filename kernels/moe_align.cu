@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kAlignThreads)
     int first_expert = 0, first_rank = -1;
     for (int i = tid; i < pairs; i += kAlignThreads) {
         const int e = topk_ids[i];
-        const bool used = e >= 0 && e < experts && (mask == nullptr || mask[e] != 0);
+        const bool used = routed(e, experts, mask);
         const int rank = used ? atomicAdd(&count[e], 1) : -1;
         if (i == tid) {
             first_expert = e;

@@ -56,7 +56,6 @@ __device__ __forceinline__ void bulk_load_weights(uint8_t* dst, const uint8_t* s
     for (int s = 0; s < stripes; ++s) bulk_copy_streamed(dst + s * kStageBytes, src + s * stride, kStageBytes, bar);
 }
 
-__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
 __device__ __forceinline__ __nv_bfloat162 as_bf16x2(uint32_t v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
 
 // (a & mask) | bits as one LOP3; written out because the compiler emits an AND and an OR for it.
@@ -133,7 +132,7 @@ __device__ void align_in_warp(const GemmParams& p, CtaRouting& r) {
     bool used = false;
     if (lane < p.pairs) {
         e = p.topk_ids[lane];
-        used = e >= 0 && e < p.experts && (p.expert_mask == nullptr || p.expert_mask[e] != 0);
+        used = routed(e, p.experts, p.expert_mask);
     }
     const uint32_t peers = __match_any_sync(kAll, used ? e : -1 - lane);  // skipped pairs match no other lane
     const uint32_t used_lanes = __ballot_sync(kAll, used);
@@ -210,8 +209,7 @@ struct CtaState {
 
 // Runs one unit: token block u.blk against stripes u.stripe0 .. u.stripe0 + S - 1 of its expert.
 template <int NT, int S, bool kGateUp>
-__device__ void run_unit(const GemmParams& p, const UnitMap& map, const Unit& u, uint8_t* ring, UnitShared& us,
-                         CtaState& cta) {
+__device__ void run_unit(const GemmParams& p, const Unit& u, uint8_t* ring, UnitShared& us, CtaState& cta) {
     constexpr int kStages = stage_count(NT, S);
     constexpr int kSlotBytes = slot_bytes(NT, S);
     constexpr int kRows = NT * 8;
@@ -395,21 +393,21 @@ __device__ void run_unit(const GemmParams& p, const UnitMap& map, const Unit& u,
 
 // Dispatches on the block's 8-token tiles, 1..kMaxTiles (the caller guarantees the bound).
 template <int S, int kMaxTiles, bool kGateUp>
-__device__ void run_unit_of_width(const GemmParams& p, const UnitMap& map, const Unit& u, uint8_t* ring,
-                                  UnitShared& us, CtaState& cta) {
+__device__ void run_unit_of_width(const GemmParams& p, const Unit& u, uint8_t* ring, UnitShared& us,
+                                  CtaState& cta) {
     const int tiles = (u.blk.z + 7) / 8;
     switch (tiles) {
-        case 1: run_unit<1, S, kGateUp>(p, map, u, ring, us, cta); return;
-        case 2: run_unit<2, S, kGateUp>(p, map, u, ring, us, cta); return;
-        case 3: run_unit<3, S, kGateUp>(p, map, u, ring, us, cta); return;
-        case 4: run_unit<4, S, kGateUp>(p, map, u, ring, us, cta); return;
+        case 1: run_unit<1, S, kGateUp>(p, u, ring, us, cta); return;
+        case 2: run_unit<2, S, kGateUp>(p, u, ring, us, cta); return;
+        case 3: run_unit<3, S, kGateUp>(p, u, ring, us, cta); return;
+        case 4: run_unit<4, S, kGateUp>(p, u, ring, us, cta); return;
     }
     if constexpr (kMaxTiles == 8) {
         switch (tiles) {
-            case 5: run_unit<5, S, kGateUp>(p, map, u, ring, us, cta); return;
-            case 6: run_unit<6, S, kGateUp>(p, map, u, ring, us, cta); return;
-            case 7: run_unit<7, S, kGateUp>(p, map, u, ring, us, cta); return;
-            default: run_unit<8, S, kGateUp>(p, map, u, ring, us, cta); return;
+            case 5: run_unit<5, S, kGateUp>(p, u, ring, us, cta); return;
+            case 6: run_unit<6, S, kGateUp>(p, u, ring, us, cta); return;
+            case 7: run_unit<7, S, kGateUp>(p, u, ring, us, cta); return;
+            default: run_unit<8, S, kGateUp>(p, u, ring, us, cta); return;
         }
     }
 }
@@ -452,9 +450,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(const GemmParams 
         }
         const Unit u = locate(p, routing, map, unit);
         if (u.stripes == 2) {  // narrow block: at most kPairedMaxTiles tiles
-            run_unit_of_width<2, kPairedMaxTiles, kGateUp>(p, map, u, ring, us, cta);
+            run_unit_of_width<2, kPairedMaxTiles, kGateUp>(p, u, ring, us, cta);
         } else {
-            run_unit_of_width<1, 8, kGateUp>(p, map, u, ring, us, cta);
+            run_unit_of_width<1, 8, kGateUp>(p, u, ring, us, cta);
         }
         cta.wait_before_act = false;
     }
@@ -477,7 +475,7 @@ __global__ void __launch_bounds__(kCombineThreads)
         bool u = false;
         if (static_cast<int>(threadIdx.x) < topk) {
             const int e = topk_ids[token * topk + threadIdx.x];
-            u = e >= 0 && e < experts && (mask == nullptr || mask[e] != 0);
+            u = routed(e, experts, mask);
         }
         used[threadIdx.x] = u;
     }
@@ -541,43 +539,45 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(bf16* __restrict__
 
 }  // namespace
 
-size_t workspace_bytes(int experts, int hidden, int inter, int topk, int max_tokens) {
+// The workspace's one layout: buffers at 256-byte boundaries from `base` (null: offsets only). Returns the bytes.
+size_t layout_workspace(uint8_t* base, int experts, int hidden, int inter, int topk, int max_tokens, Workspace* ws) {
     const size_t pairs = static_cast<size_t>(max_tokens) * topk;
-    auto up = [](size_t b) { return (b + 255) / 256 * 256; };
-    return up(pairs * 4) * 2 + up(static_cast<size_t>(max_blocks(experts, static_cast<int>(pairs))) * 16) + up(16) +
-           up(pairs * inter * 2) + up(pairs * hidden * 4);
+    size_t offset = 0;
+    auto take = [&](size_t bytes) {
+        uint8_t* at = base + offset;
+        offset += (bytes + 255) / 256 * 256;
+        return at;
+    };
+    ws->pair_rank = reinterpret_cast<int*>(take(pairs * 4));
+    ws->sorted_pairs = reinterpret_cast<int*>(take(pairs * 4));
+    ws->blocks = reinterpret_cast<int4*>(take(static_cast<size_t>(max_blocks(experts, static_cast<int>(pairs))) * 16));
+    ws->counters = reinterpret_cast<int*>(take(16));
+    ws->act = reinterpret_cast<bf16*>(take(pairs * inter * 2));
+    ws->contrib = reinterpret_cast<float*>(take(pairs * hidden * 4));
+    return offset;
 }
 
-Workspace carve_workspace(void* base, int experts, int inter, int topk, int max_tokens) {
-    const size_t pairs = static_cast<size_t>(max_tokens) * topk;
-    auto up = [](size_t b) { return (b + 255) / 256 * 256; };
-    uint8_t* p = static_cast<uint8_t*>(base);
+size_t workspace_bytes(int experts, int hidden, int inter, int topk, int max_tokens) {
+    Workspace offsets_only;
+    return layout_workspace(nullptr, experts, hidden, inter, topk, max_tokens, &offsets_only);
+}
+
+Workspace carve_workspace(void* base, int experts, int hidden, int inter, int topk, int max_tokens) {
     Workspace ws;
-    ws.pair_rank = reinterpret_cast<int*>(p);
-    p += up(pairs * 4);
-    ws.sorted_pairs = reinterpret_cast<int*>(p);
-    p += up(pairs * 4);
-    ws.blocks = reinterpret_cast<int4*>(p);
-    p += up(static_cast<size_t>(max_blocks(experts, static_cast<int>(pairs))) * 16);
-    ws.counters = reinterpret_cast<int*>(p);
-    p += up(16);
-    ws.act = reinterpret_cast<bf16*>(p);
-    p += up(pairs * inter * 2);
-    ws.contrib = reinterpret_cast<float*>(p);
+    layout_workspace(static_cast<uint8_t*>(base), experts, hidden, inter, topk, max_tokens, &ws);
     return ws;
 }
 
 // Shared-memory opt-in and resident CTAs per SM of one GEMM instance.
 template <bool kGateUp, bool kAlignInCta>
 cudaError_t configure_instance(int* per_sm) {
-    DDTREE_RETURN_IF_ERROR(cudaFuncSetAttribute(moe_gemm_kernel<kGateUp, kAlignInCta>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes));
+    static std::atomic<uint64_t> configured{0};
+    DDTREE_RETURN_IF_ERROR(opt_in_smem(moe_gemm_kernel<kGateUp, kAlignInCta>, kRingBytes, configured));
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, moe_gemm_kernel<kGateUp, kAlignInCta>, kThreads,
                                                          kRingBytes);
 }
 
 cudaError_t configure(int device, int* gemm_ctas) {
-    DDTREE_RETURN_IF_ERROR(cudaSetDevice(device));
     int sms = 0, per_sm[4] = {};
     DDTREE_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     DDTREE_RETURN_IF_ERROR((configure_instance<true, false>(&per_sm[0])));

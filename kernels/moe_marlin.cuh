@@ -37,6 +37,14 @@ constexpr int kMaxExperts = 1024;     // one routing thread per expert
 constexpr int kMaxTopk = 16;
 
 // Sizes that hold for every supported shape: hidden % 128 == 0, inter % 128 == 0.
+#if defined(__CUDACC__)
+// Whether a (token, slot) pair goes to its expert: an id in range that the mask keeps (nullptr keeps all). The
+// alignment, the GEMM and the combine must agree on it, or a token's sum would depend on the call.
+__device__ __forceinline__ bool routed(int e, int experts, const uint8_t* mask) {
+    return e >= 0 && e < experts && (mask == nullptr || mask[e] != 0);
+}
+#endif
+
 inline bool shape_supported(int hidden, int inter) {
     return hidden > 0 && inter > 0 && hidden % kStageK == 0 && inter % kStageK == 0;
 }
@@ -61,7 +69,7 @@ struct Workspace {
 };
 size_t workspace_bytes(int experts, int hidden, int inter, int topk, int max_tokens);
 // Carves `base` (256-byte aligned, workspace_bytes long) into the buffers above.
-Workspace carve_workspace(void* base, int experts, int inter, int topk, int max_tokens);
+Workspace carve_workspace(void* base, int experts, int hidden, int inter, int topk, int max_tokens);
 
 struct MoeArgs {
     const uint8_t* w13;           // [experts, w13_bytes_per_expert] repacked gate/up

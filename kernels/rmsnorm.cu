@@ -7,25 +7,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ float block_sum(float v) {
-    __shared__ float warp_sums[kThreads / 32];
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        v += __shfl_xor_sync(0xffffffffu, v, offset);
-    }
-    const int warp = threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
-    if (lane == 0) {
-        warp_sums[warp] = v;
-    }
-    __syncthreads();
-    float total = 0.f;
-#pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) {
-        total += warp_sums[w];
-    }
-    return total;
-}
-
 template <bool kFuseResidual>
 __global__ void __launch_bounds__(kThreads)
     rmsnorm_kernel(bf16* __restrict__ out, int64_t out_ld, bf16* __restrict__ residual, const bf16* __restrict__ x,
@@ -49,7 +30,7 @@ __global__ void __launch_bounds__(kThreads)
         }
         sq += v * v;
     }
-    const float rstd = rsqrtf(block_sum(sq) / static_cast<float>(dim) + eps);
+    const float rstd = rsqrtf(block_sum<kThreads>(sq) / static_cast<float>(dim) + eps);
     const bf16* src = kFuseResidual ? res : xr;
     bf16* dst = out + row * out_ld;
     for (int i = threadIdx.x; i < dim; i += kThreads) {

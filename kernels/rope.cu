@@ -39,7 +39,6 @@ __global__ void __launch_bounds__(kStoreThreads)
     mla_store_kv_kernel(bf16* cache, const int32_t* slots, const bf16* kv_a, int64_t kv_ld,
                         const bf16* norm_weight, float eps, int kv_lora, const int32_t* positions, RopeParams rope) {
     allow_dependent_launch();  // a dependent GEMM next may start its weight prefetch during this kernel
-    __shared__ float warp_sums[kStoreThreads / 32];
     const int row = blockIdx.x;
     const bf16* src = kv_a + row * kv_ld;
     bf16* dst = cache + static_cast<int64_t>(slots[row]) * (kv_lora + rope.rope_dim);
@@ -48,19 +47,7 @@ __global__ void __launch_bounds__(kStoreThreads)
         const float v = __bfloat162float(src[i]);
         sq += v * v;
     }
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        sq += __shfl_xor_sync(0xffffffffu, sq, offset);
-    }
-    if (threadIdx.x % 32 == 0) {
-        warp_sums[threadIdx.x / 32] = sq;
-    }
-    __syncthreads();
-    float total = 0.f;
-#pragma unroll
-    for (int w = 0; w < kStoreThreads / 32; ++w) {
-        total += warp_sums[w];
-    }
-    const float rstd = rsqrtf(total / static_cast<float>(kv_lora) + eps);
+    const float rstd = rsqrtf(block_sum<kStoreThreads>(sq) / static_cast<float>(kv_lora) + eps);
     for (int i = threadIdx.x; i < kv_lora; i += kStoreThreads) {
         dst[i] = __float2bfloat16(__bfloat162float(src[i]) * rstd * __bfloat162float(norm_weight[i]));
     }

@@ -90,9 +90,9 @@ void bind_engine(nb::module_& m) {
                 const int32_t* dp_p = host_data<int32_t>(dp, "down_packed", i32);
                 const uint16_t* ds_p = host_data<uint16_t>(ds, "down_scale", u16);
                 const ModelDims& d = e.dims();
-                const size_t m = static_cast<size_t>(d.moe_inter) * d.hidden;
-                if (gp.nbytes() != m / 2 || up.nbytes() != m / 2 || dp.nbytes() != m / 2 || gs.nbytes() != m / 16 ||
-                    us.nbytes() != m / 16 || ds.nbytes() != m / 16) {
+                const auto [packed, scales] = Weights::expert_projection_bytes(d);
+                if (gp.nbytes() != packed || up.nbytes() != packed || dp.nbytes() != packed || gs.nbytes() != scales ||
+                    us.nbytes() != scales || ds.nbytes() != scales) {
                     throw nb::value_error(("expert " + std::to_string(expert) + " of layer " + std::to_string(layer) +
                                            ": tensor sizes do not match the config")
                                               .c_str());

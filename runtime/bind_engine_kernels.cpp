@@ -27,7 +27,15 @@ namespace {
 // to capture the launches into a CUDA graph.
 cudaStream_t launch_stream = nullptr;
 
-int dim(const CudaArray& a, size_t i) { return static_cast<int>(a.shape(i)); }
+// Extent i of argument `name`; too few dimensions is the caller's error, not an out-of-range read.
+int dim(const CudaArray& a, const char* name, size_t i) {
+    if (i >= a.ndim()) {
+        throw nb::value_error(("argument '" + std::string(name) + "' has " + std::to_string(a.ndim()) +
+                               " dimensions, too few")
+                                  .c_str());
+    }
+    return static_cast<int>(a.shape(i));
+}
 
 k::GemmEpilogue parse_epilogue(const std::string& name) {
     if (name == "bf16") return k::GemmEpilogue::kBf16;
@@ -43,8 +51,8 @@ void gemm(CudaArray out, CudaArray x, CudaArray w, const std::string& epilogue, 
     const k::GemmEpilogue epi = parse_epilogue(epilogue);
     const bool batched = x.ndim() == 3;
     if (x.ndim() != 2 && !batched) throw nb::value_error("argument 'x' must be [m, k] or [m, batch, k]");
-    const int m = dim(x, 0), batch = batched ? dim(x, 1) : 1, kk = dim(x, x.ndim() - 1);
-    const int n = dim(w, w.ndim() - 2);
+    const int m = dim(x, "x", 0), batch = batched ? dim(x, "x", 1) : 1, kk = dim(x, "x", x.ndim() - 1);
+    const int n = dim(w, "w", w.ndim() - 2);
     const int n_out = epi == k::GemmEpilogue::kSiluMul ? n / 2 : n;
     const k::bf16* x_p = batched ? checked<const k::bf16>(x, "x", DType::bf16, {m, batch, kk})
                                  : checked<const k::bf16>(x, "x", DType::bf16, {m, kk});
@@ -70,14 +78,14 @@ void gemm(CudaArray out, CudaArray x, CudaArray w, const std::string& epilogue, 
 
 void gather_rows(CudaArray out, CudaArray table, CudaArray ids) {
     same_device({&out, &table, &ids});
-    const int rows = dim(ids, 0), d = dim(table, 1);
+    const int rows = dim(ids, "ids", 0), d = dim(table, "table", 1);
     CUDA_CHECK(k::gather_rows(checked<k::bf16>(out, "out", DType::bf16, {rows, d}), d,
                               checked<const k::bf16>(table, "table", DType::bf16, {-1, d}), d,
                               checked<const int32_t>(ids, "ids", DType::i32, {rows}), rows, d, launch_stream));
 }
 
 k::RopeParams rope_params(CudaArray& inv_freq, float attention_factor, bool interleave) {
-    const int half = dim(inv_freq, 0);
+    const int half = dim(inv_freq, "inv_freq", 0);
     return {checked<const float>(inv_freq, "inv_freq", DType::f32, {half}), attention_factor, 2 * half, interleave};
 }
 
@@ -85,7 +93,7 @@ k::RopeParams rope_params(CudaArray& inv_freq, float attention_factor, bool inte
 void rope_queries(CudaArray out, int out_offset, CudaArray q, int q_offset, CudaArray positions, CudaArray inv_freq,
                   float attention_factor, bool interleave) {
     same_device({&out, &q, &positions, &inv_freq});
-    const int rows = dim(q, 0), heads = dim(q, 1), dq = dim(q, 2), dout = dim(out, 2);
+    const int rows = dim(q, "q", 0), heads = dim(q, "q", 1), dq = dim(q, "q", 2), dout = dim(out, "out", 2);
     const k::RopeParams rope = rope_params(inv_freq, attention_factor, interleave);
     if (q_offset < 0 || q_offset + rope.rope_dim > dq || out_offset < 0 || out_offset + rope.rope_dim > dout) {
         throw nb::value_error("rope slice outside 'q' or 'out'");
@@ -101,7 +109,8 @@ void rope_queries(CudaArray out, int out_offset, CudaArray q, int q_offset, Cuda
 void mla_store_kv(CudaArray cache, CudaArray slots, CudaArray kv_a, CudaArray norm_weight, float eps,
                   CudaArray positions, CudaArray inv_freq, float attention_factor, bool interleave) {
     same_device({&cache, &slots, &kv_a, &norm_weight, &positions, &inv_freq});
-    const int rows = dim(kv_a, 0), row_len = dim(kv_a, 1), kv_lora = dim(norm_weight, 0);
+    const int rows = dim(kv_a, "kv_a", 0), row_len = dim(kv_a, "kv_a", 1);
+    const int kv_lora = dim(norm_weight, "norm_weight", 0);
     const k::RopeParams rope = rope_params(inv_freq, attention_factor, interleave);
     if (kv_lora + rope.rope_dim != row_len) throw nb::value_error("argument 'kv_a' must be [rows, kv_lora + rope]");
     CUDA_CHECK(k::mla_store_kv(checked<k::bf16>(cache, "cache", DType::bf16, {-1, row_len}),
@@ -114,7 +123,7 @@ void mla_store_kv(CudaArray cache, CudaArray slots, CudaArray kv_a, CudaArray no
 void mla_attention(CudaArray out, CudaArray q, CudaArray cache, CudaArray kv_start, CudaArray kv_len, int max_len,
                    float softmax_scale, CudaArray workspace) {
     same_device({&out, &q, &cache, &kv_start, &kv_len, &workspace});
-    const int rows = dim(q, 0), heads = dim(q, 1), d = dim(q, 2), dl = dim(out, 2);
+    const int rows = dim(q, "q", 0), heads = dim(q, "q", 1), d = dim(q, "q", 2), dl = dim(out, "out", 2);
     const k::MlaDims dims{heads, dl, d - dl};
     if (!k::mla_dims_supported(dims.kv_lora, dims.rope_dim)) {
         throw nb::value_error("no MLA kernel for these (kv_lora, rope) dims");
@@ -125,7 +134,7 @@ void mla_attention(CudaArray out, CudaArray q, CudaArray cache, CudaArray kv_sta
     }
     CUDA_CHECK(k::mla_attention(checked<k::bf16>(out, "out", DType::bf16, {rows, heads, dl}),
                                 checked<const k::bf16>(q, "q", DType::bf16, {rows, heads, d}),
-                                checked<const k::bf16>(cache, "cache", DType::bf16, {-1, d}), dim(cache, 0),
+                                checked<const k::bf16>(cache, "cache", DType::bf16, {-1, d}), dim(cache, "cache", 0),
                                 checked<const int32_t>(kv_start, "kv_start", DType::i32, {rows}),
                                 checked<const int32_t>(kv_len, "kv_len", DType::i32, {rows}), rows, max_len, dims,
                                 softmax_scale, ws, launch_stream));
@@ -133,7 +142,7 @@ void mla_attention(CudaArray out, CudaArray q, CudaArray cache, CudaArray kv_sta
 
 void route_topk(CudaArray ids, CudaArray weights, CudaArray logits, CudaArray bias, bool normalize) {
     same_device({&ids, &weights, &logits, &bias});
-    const int tokens = dim(logits, 0), experts = dim(logits, 1), topk = dim(ids, 1);
+    const int tokens = dim(logits, "logits", 0), experts = dim(logits, "logits", 1), topk = dim(ids, "ids", 1);
     CUDA_CHECK(k::route_topk(checked<int32_t>(ids, "ids", DType::i32, {tokens, topk}),
                              checked<float>(weights, "weights", DType::f32, {tokens, topk}),
                              checked<const float>(logits, "logits", DType::f32, {tokens, experts}),
@@ -144,7 +153,7 @@ void route_topk(CudaArray ids, CudaArray weights, CudaArray logits, CudaArray bi
 void sample_tokens(CudaArray tokens, CudaArray logits, CudaArray temperature, CudaArray seed, CudaArray stream_ids,
                    CudaArray positions) {
     same_device({&tokens, &logits, &temperature, &seed, &stream_ids, &positions});
-    const int rows = dim(logits, 0), vocab = dim(logits, 1);
+    const int rows = dim(logits, "logits", 0), vocab = dim(logits, "logits", 1);
     CUDA_CHECK(k::sample_tokens(checked<int32_t>(tokens, "tokens", DType::i32, {rows}),
                                 checked<const float>(logits, "logits", DType::f32, {rows, vocab}), vocab, rows, vocab,
                                 checked<const float>(temperature, "temperature", DType::f32, {1}),
@@ -155,7 +164,7 @@ void sample_tokens(CudaArray tokens, CudaArray logits, CudaArray temperature, Cu
 
 void add2_rmsnorm(CudaArray out, CudaArray residual, CudaArray delta, CudaArray delta2, CudaArray weight, float eps) {
     same_device({&out, &residual, &delta, &delta2, &weight});
-    const int rows = dim(residual, 0), d = dim(residual, 1);
+    const int rows = dim(residual, "residual", 0), d = dim(residual, "residual", 1);
     CUDA_CHECK(k::add2_rmsnorm(checked<k::bf16>(out, "out", DType::bf16, {rows, d}),
                                checked<k::bf16>(residual, "residual", DType::bf16, {rows, d}),
                                checked<const k::bf16>(delta, "delta", DType::bf16, {rows, d}),
@@ -169,8 +178,8 @@ void experts_int4(CudaArray out, CudaArray act, CudaArray x, CudaArray ids, Cuda
                   CudaArray down_packed, CudaArray down_scale) {
     same_device({&out, &act, &x, &ids, &weights, &gate_packed, &gate_scale, &up_packed, &up_scale, &down_packed,
                  &down_scale});
-    const int tokens = dim(x, 0), hidden = dim(x, 1), topk = dim(ids, 1);
-    const int experts = dim(gate_packed, 0), inter = dim(gate_packed, 1);
+    const int tokens = dim(x, "x", 0), hidden = dim(x, "x", 1), topk = dim(ids, "ids", 1);
+    const int experts = dim(gate_packed, "gate_packed", 0), inter = dim(gate_packed, "gate_packed", 1);
     const k::Int4Experts w{
         checked<const int32_t>(gate_packed, "gate_packed", DType::i32, {experts, inter, hidden / 8}),
         checked<const k::bf16>(gate_scale, "gate_scale", DType::bf16, {experts, inter, hidden / 32}),

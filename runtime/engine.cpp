@@ -158,19 +158,19 @@ Engine::~Engine() {
     cudaStreamDestroy(stream_);
 }
 
-// Scratch sized for the largest forward (max_rows_ rows) and the widest GEMM.
+// The bytes allocate_buffers takes besides the KV cache (counted apart by the pre-flight), buffer by buffer.
 size_t Engine::device_bytes() const {
     const ModelDims& d = dims_;
-    const size_t r = std::max(streams_, kPrefillRows);
-    const size_t mlp = std::max(d.inter, d.shared_inter);
-    size_t bf = r * (3 * d.hidden + d.qkv_a() + d.q_lora + d.heads * d.qk() + d.heads * d.latent_row() +
-                     d.heads * d.kv_lora + d.heads * d.v + mlp + d.hidden) +
-                r * d.topk * d.moe_inter;
-    size_t f32 = r * (d.experts + d.topk + d.vocab);
+    const size_t r = max_rows_;
+    const size_t bf = r * (5 * d.hidden + d.qkv_a() + d.q_lora + d.heads * d.qk() + d.heads * d.latent_row() +
+                           d.heads * d.kv_lora + d.heads * d.v + std::max(d.inter, d.shared_inter) +
+                           d.topk * d.moe_inter);
     const auto [ws, counters] = gemm_scratch(d, static_cast<int>(r));
-    f32 += ws + k::mla_workspace_floats({d.heads, d.kv_lora, d.rope}, static_cast<int>(r), max_context_);
-    const size_t i32 = r * (d.topk + 1) + static_cast<size_t>(d.layers - d.first_dense) * r * d.topk + counters + 16 * r + static_cast<size_t>(streams_) * kDefaultSteps + 16;
-    return bf * 2 + f32 * 4 + i32 * 4;
+    const size_t f32 = r * (d.experts + d.topk + d.vocab) + 1 + ws + d.rope / 2 +
+                       k::mla_workspace_floats({d.heads, d.kv_lora, d.rope}, static_cast<int>(r), max_context_);
+    const size_t i32 = r * d.topk + static_cast<size_t>(d.layers - d.first_dense) * r * d.topk + r +
+                       static_cast<size_t>(streams_) * max_steps_ + 1 + counters + 2 * 9 * r;
+    return bf * 2 + f32 * 4 + i32 * 4 + sizeof(unsigned long long);
 }
 
 void Engine::allocate_buffers() {
@@ -362,8 +362,15 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, Timeline* time
     op("norm", [&] {
         CUDA_CHECK(k::add2_rmsnorm(xn_, x_, pending, pending2, w.final_norm, n, d.hidden, d.rms_eps, s));
     });
-    op("gather", [&] { CUDA_CHECK(k::gather_rows(hsel_, d.hidden, xn_, d.hidden, rows.logit_rows, n_logits, d.hidden, s)); });
-    gemm("lm_head", hsel_, d.hidden, w.lm_head, logits_, d.vocab, n_logits, d.vocab, d.hidden, k::GemmEpilogue::kF32);
+    // Logit rows are increasing, so n_logits == n means every row in order (decode): the LM head reads xn_ as it is.
+    const bf16* head_in = xn_;
+    if (n_logits < n) {
+        op("gather", [&] {
+            CUDA_CHECK(k::gather_rows(hsel_, d.hidden, xn_, d.hidden, rows.logit_rows, n_logits, d.hidden, s));
+        });
+        head_in = hsel_;
+    }
+    gemm("lm_head", head_in, d.hidden, w.lm_head, logits_, d.vocab, n_logits, d.vocab, d.hidden, k::GemmEpilogue::kF32);
 }
 
 void Engine::sample(const RowBuffers& rows, int n_logits) {
@@ -416,8 +423,7 @@ std::vector<int32_t> Engine::prefill(const std::vector<std::vector<int32_t>>& pr
             for (size_t j = 0; j < last.size(); ++j) first[c_streams[last[j]]] = chosen[j];
         }
     }
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return first;
+    return first;  // the last chunk holds the last prompt's final token: its read-back synchronised the stream
 }
 
 void Engine::set_decode_state(const std::vector<int32_t>& ids, const std::vector<int32_t>& positions, int n) {
@@ -427,15 +433,20 @@ void Engine::set_decode_state(const std::vector<int32_t>& ids, const std::vector
     upload_rows(decode_rows_, ids, streams, positions, all);
 }
 
+// The logit rows of a decode step are its stream rows; their sampling keys are the live positions.
+RowBuffers Engine::decode_step_rows() const {
+    RowBuffers rows = decode_rows_;
+    rows.logit_stream_ids = decode_rows_.stream_ids;
+    rows.logit_positions = decode_rows_.positions;
+    return rows;
+}
+
 Engine::Graph& Engine::decode_graph(int n) {
     auto it = graphs_.find(n);
     if (it != graphs_.end()) {
         return it->second;
     }
-    // The logit rows of a decode step are its stream rows; their sampling keys are the live positions.
-    RowBuffers rows = decode_rows_;
-    rows.logit_stream_ids = decode_rows_.stream_ids;
-    rows.logit_positions = decode_rows_.positions;
+    const RowBuffers rows = decode_step_rows();
     Graph g;
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
     try {
@@ -583,9 +594,7 @@ StepProfile Engine::profile_step(int n, const std::vector<int32_t>& positions, i
     std::map<std::string, double> seconds;
     for (int i = 0; i <= iters; ++i) {
         set_decode_state(ids, positions, n);
-        RowBuffers rows = decode_rows_;
-        rows.logit_stream_ids = decode_rows_.stream_ids;
-        rows.logit_positions = decode_rows_.positions;
+        const RowBuffers rows = decode_step_rows();
         Timeline timeline(stream_);
         CUDA_CHECK(cudaLaunchHostFunc(stream_, hold_stream, nullptr));
         forward(rows, n, n, &timeline);

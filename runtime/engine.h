@@ -23,7 +23,7 @@ struct RowBuffers {
     int32_t* kv_len = nullptr;    // keys visible to the row (position + 1)
     int32_t* slots = nullptr;     // cache row the row's own key is written to
     int32_t* stream_ids = nullptr;
-    int32_t* logit_rows = nullptr;       // rows whose logits are computed, in order
+    int32_t* logit_rows = nullptr;       // rows whose logits are computed, increasing
     int32_t* logit_stream_ids = nullptr;
     int32_t* logit_positions = nullptr;
 };
@@ -83,6 +83,7 @@ class Engine {
     void forward(const RowBuffers& rows, int n_rows, int n_logit_rows, Timeline* timeline);
     void sample(const RowBuffers& rows, int n_logit_rows);
     void set_decode_state(const std::vector<int32_t>& ids, const std::vector<int32_t>& positions, int n);
+    RowBuffers decode_step_rows() const;
     Graph& decode_graph(int n);
     void check_rows(const std::vector<int32_t>& streams, const std::vector<int32_t>& positions) const;
 

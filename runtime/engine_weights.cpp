@@ -17,13 +17,12 @@ namespace {
 
 std::string layer_name(int layer, const char* rest) { return "model.layers." + std::to_string(layer) + "." + rest; }
 
-size_t plain_expert_bytes(const ModelDims& d) {
-    // gate + up [inter, hidden] and down [hidden, inter]: 4-bit weights plus one bf16 scale per 32
-    const size_t per_matrix = static_cast<size_t>(d.moe_inter) * d.hidden;
-    return 3 * (per_matrix / 2 + per_matrix / 32 * 2);
-}
-
 }  // namespace
+
+Weights::ExpertProjectionBytes Weights::expert_projection_bytes(const ModelDims& d) {
+    const size_t weights = static_cast<size_t>(d.moe_inter) * d.hidden;  // gate/up [inter, hidden], down [hidden, inter]
+    return {weights / 2, weights / 32 * 2};
+}
 
 bool Weights::marlin_supported(const ModelDims& d) {
     return k::moe::shape_supported(d.hidden, d.moe_inter) && d.experts <= k::moe::kMaxExperts &&
@@ -47,12 +46,13 @@ size_t Weights::planned_bytes(const ModelDims& d, int max_tokens) {
     size_t bytes = elems * 2;
     const int moe_layers = d.layers - d.first_dense;
     if (moe_layers > 0) {
+        const ExpertProjectionBytes plain = expert_projection_bytes(d);
         const size_t per_layer =
             marlin_supported(d)
                 ? d.experts * (k::moe::w13_bytes_per_expert(d.hidden, d.moe_inter) +
                                k::moe::w2_bytes_per_expert(d.hidden, d.moe_inter)) +
                       k::moe::workspace_bytes(d.experts, d.hidden, d.moe_inter, d.topk, max_tokens)
-                : d.experts * plain_expert_bytes(d);
+                : d.experts * 3 * (plain.packed + plain.scales);
         bytes += per_layer * moe_layers;
     }
     return bytes;
@@ -104,17 +104,19 @@ Weights::Weights(const ModelDims& d, int device, int max_tokens, cudaStream_t st
             w.router = alloc_bf16(static_cast<size_t>(d.experts) * h);
             w.router_bias = static_cast<float*>(alloc_bytes(d.experts * sizeof(float)));
             add(layer_name(l, "mlp.gate.weight"), w.router, d.experts * h * 2);
-            add(layer_name(l, "mlp.gate.e_score_correction_bias"), w.router_bias, d.experts * 4, Kind::kBias, l);
+            add(layer_name(l, "mlp.gate.e_score_correction_bias"), w.router_bias, d.experts * 4);
             w.expert_uploaded.assign(d.experts, false);
             if (marlin_supported(d)) {
                 w.marlin = std::make_unique<MoeLayer>(
                     MoeLayerShape{d.experts, d.hidden, d.moe_inter, d.topk, max_tokens, d.routed_scaling_factor},
                     device);
             } else {
-                const size_t m = static_cast<size_t>(d.experts) * d.moe_inter * h;  // weights per projection
-                w.plain = k::Int4Experts{static_cast<int32_t*>(alloc_bytes(m / 2)), alloc_bf16(m / 32),
-                                         static_cast<int32_t*>(alloc_bytes(m / 2)), alloc_bf16(m / 32),
-                                         static_cast<int32_t*>(alloc_bytes(m / 2)), alloc_bf16(m / 32),
+                const ExpertProjectionBytes one = expert_projection_bytes(d);
+                const size_t packed = one.packed * d.experts, scales = one.scales * d.experts;
+                auto scale_buffer = [&] { return static_cast<k::bf16*>(alloc_bytes(scales)); };
+                w.plain = k::Int4Experts{static_cast<int32_t*>(alloc_bytes(packed)), scale_buffer(),
+                                         static_cast<int32_t*>(alloc_bytes(packed)), scale_buffer(),
+                                         static_cast<int32_t*>(alloc_bytes(packed)), scale_buffer(),
                                          d.experts, d.hidden, d.moe_inter};
             }
         }
@@ -156,10 +158,8 @@ void Weights::upload(const std::string& name, const void* host, size_t bytes) {
                                     std::to_string(slot.bytes));
     }
     CUDA_CHECK(cudaSetDevice(device_));
-    const ModelDims& d = dims_;
     switch (slot.kind) {
         case Kind::kPlain:
-        case Kind::kBias:
             CUDA_CHECK(cudaMemcpyAsync(slot.dst, host, bytes, cudaMemcpyHostToDevice, stream_));
             break;
         case Kind::kGate:
@@ -171,12 +171,7 @@ void Weights::upload(const std::string& name, const void* host, size_t bytes) {
         }
         case Kind::kKvB: {
             CUDA_CHECK(cudaMemcpyAsync(slot.dst, host, bytes, cudaMemcpyHostToDevice, stream_));
-            LayerWeights& w = layers[slot.layer];
-            for (int h = 0; h < d.heads; ++h) {  // W_UK of head h: rows [h*(nope+v), +nope) of kv_b
-                CUDA_CHECK(k::transpose_bf16(w.w_uk_t + static_cast<size_t>(h) * d.kv_lora * d.nope,
-                                             w.kv_b + static_cast<size_t>(h) * (d.nope + d.v) * d.kv_lora, 1, d.nope,
-                                             d.kv_lora, stream_));
-            }
+            derive_w_uk_t(slot.layer);
             break;
         }
     }
@@ -187,6 +182,17 @@ void Weights::upload(const std::string& name, const void* host, size_t bytes) {
     slot.uploaded = true;
     if (slot.kind == Kind::kGate || slot.kind == Kind::kUp) {
         interleave_if_ready(slot.layer);
+    }
+}
+
+// W_UK^T of every head (the absorbed-k GEMM's weights) from kv_b: head h's W_UK is rows [h*(nope+v), +nope).
+void Weights::derive_w_uk_t(int layer) {
+    const ModelDims& d = dims_;
+    LayerWeights& w = layers[layer];
+    for (int h = 0; h < d.heads; ++h) {
+        CUDA_CHECK(k::transpose_bf16(w.w_uk_t + static_cast<size_t>(h) * d.kv_lora * d.nope,
+                                     w.kv_b + static_cast<size_t>(h) * (d.nope + d.v) * d.kv_lora, 1, d.nope,
+                                     d.kv_lora, stream_));
     }
 }
 
@@ -224,8 +230,7 @@ void Weights::upload_expert(int layer, int expert, const int32_t* gate_packed, c
         w.marlin->set_experts(expert, 1, w13.data(), w2.data(), stream_);
         CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host buffers die here
     } else {
-        const size_t m = static_cast<size_t>(d.moe_inter) * d.hidden;
-        const size_t packed = m / 8 * 4, scales = m / 32 * 2;
+        const auto [packed, scales] = expert_projection_bytes(d);
         auto copy = [&](const void* dst_base, const void* src, size_t bytes) {
             CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(const_cast<void*>(dst_base)) + bytes * expert, src,
                                        bytes, cudaMemcpyHostToDevice, stream_));
@@ -263,11 +268,7 @@ void Weights::randomize(uint64_t seed) {
         fill(w.kv_a_norm, d.kv_lora, 0);
         fill(w.q_b, static_cast<size_t>(d.heads) * d.qk() * d.q_lora, d.q_lora);
         fill(w.kv_b, static_cast<size_t>(d.heads) * (d.nope + d.v) * d.kv_lora, d.kv_lora);
-        for (int hd = 0; hd < d.heads; ++hd) {
-            CUDA_CHECK(k::transpose_bf16(w.w_uk_t + static_cast<size_t>(hd) * d.kv_lora * d.nope,
-                                         w.kv_b + static_cast<size_t>(hd) * (d.nope + d.v) * d.kv_lora, 1, d.nope,
-                                         d.kv_lora, stream_));
-        }
+        derive_w_uk_t(l);
         fill(w.o_proj, h * d.heads * d.v, d.heads * d.v);
         const size_t mlp = d.is_moe(l) ? d.shared_inter : d.inter;
         fill(w.gate_up, 2 * mlp * h, d.hidden);

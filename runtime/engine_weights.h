@@ -62,6 +62,11 @@ class Weights {
     // Device bytes the weights of `dims` take (the engine's memory pre-flight).
     static size_t planned_bytes(const ModelDims& dims, int max_tokens);
     static bool marlin_supported(const ModelDims& dims);
+    // Checkpoint bytes of one expert's projection (gate, up or down): packed 4-bit weights, bf16 group-32 scales.
+    struct ExpertProjectionBytes {
+        size_t packed, scales;
+    };
+    static ExpertProjectionBytes expert_projection_bytes(const ModelDims& dims);
 
     // Copies one non-expert tensor; `name` without the checkpoint's weight prefix. Throws std::invalid_argument
     // naming the tensor for an unknown name or a wrong byte size.
@@ -79,7 +84,7 @@ class Weights {
     std::vector<LayerWeights> layers;
 
   private:
-    enum class Kind { kPlain, kGate, kUp, kKvB, kBias };
+    enum class Kind { kPlain, kGate, kUp, kKvB };
     struct Slot {
         void* dst;
         size_t bytes;
@@ -91,6 +96,7 @@ class Weights {
     void* alloc_bytes(size_t bytes);
     void add(const std::string& name, void* dst, size_t bytes, Kind kind = Kind::kPlain, int layer = -1);
     void interleave_if_ready(int layer);
+    void derive_w_uk_t(int layer);
 
     ModelDims dims_;
     int device_;

@@ -31,6 +31,7 @@ MoeLayer::MoeLayer(const MoeLayerShape& shape, int device) : shape_(shape), devi
         CUDA_CHECK(cudaMalloc(&w2_, w2_bytes_per_expert() * shape.experts));
         CUDA_CHECK(cudaMalloc(&workspace_, k::workspace_bytes(shape.experts, shape.hidden, shape.inter, shape.topk,
                                                               shape.max_tokens)));
+        ws_ = k::carve_workspace(workspace_, shape.experts, shape.hidden, shape.inter, shape.topk, shape.max_tokens);
     } catch (...) {
         cudaFree(w13_);
         cudaFree(w2_);
@@ -65,8 +66,6 @@ void MoeLayer::forward(const __nv_bfloat16* hidden_states, const int32_t* topk_i
         throw std::out_of_range("MoE forward of " + std::to_string(tokens) + " tokens; the layer was sized for " +
                                 std::to_string(shape_.max_tokens));
     }
-    const k::Workspace ws =
-        k::carve_workspace(workspace_, shape_.experts, shape_.inter, shape_.topk, shape_.max_tokens);
     k::MoeArgs args{};
     args.w13 = w13_;
     args.w2 = w2_;
@@ -81,7 +80,7 @@ void MoeLayer::forward(const __nv_bfloat16* hidden_states, const int32_t* topk_i
     args.inter = shape_.inter;
     args.topk = shape_.topk;
     args.routed_scaling_factor = shape_.routed_scaling_factor;
-    CUDA_CHECK(k::moe_forward(args, ws, gemm_ctas_, stream));
+    CUDA_CHECK(k::moe_forward(args, ws_, gemm_ctas_, stream));
 }
 
 }  // namespace ddtree

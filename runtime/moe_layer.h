@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "moe_marlin.cuh"
+
 namespace ddtree {
 
 struct MoeLayerShape {
@@ -49,6 +51,7 @@ class MoeLayer {
     uint8_t* w13_ = nullptr;
     uint8_t* w2_ = nullptr;
     void* workspace_ = nullptr;
+    kernels::moe::Workspace ws_{};  // workspace_ carved into its buffers, once
 };
 
 }  // namespace ddtree

@@ -33,7 +33,7 @@ def tiny(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
     drafter_dir = tmp_path_factory.mktemp("tiny_drafter")
     model = ReferenceModel.load(tiny_model_dir)
     make_drafter(model.config, drafter_dir, seed=1, preset="tiny")
-    return model, ReferenceDrafter.load(drafter_dir, tiny_model_dir)
+    return model, ReferenceDrafter.for_model(drafter_dir, model)
 
 
 @pytest.fixture(scope="module")

@@ -152,7 +152,7 @@ def _torch_draft(drafter: ReferenceDrafter, context: np.ndarray, bonus: int, sta
     positions = torch.arange(start - rows, start + c.block_size)[None]
     ids = torch.tensor([bonus] + [c.mask_token_id] * (c.block_size - 1))
     with torch.no_grad():
-        x = torch.from_numpy(drafter.embed_tokens)[ids][None]
+        x = torch.from_numpy(bf16.as_float32(drafter.embed_tokens))[ids][None]
         ctx = norm(F.linear(torch.from_numpy(context)[None], w["fc.weight"]), w["hidden_norm.weight"])
         cos, sin = rotary(x, positions)
         for i in range(c.num_hidden_layers):

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from ddtree import device_info
+from ddtree import bf16, device_info
 from ddtree._native import moe
+from ddtree.presets import K2_ROUTED_SCALING_FACTOR as RSF
 
 HIDDEN, INTER, EXPERTS, TOPK, GROUP = 7168, 2048, 384, 8, 32
-RSF = 2.827
 DISTINCT = 8
 M_VALUES = (1, 9, 33, 90, 256, 512, 1024)
 TARGET_FRACTION, TARGET_M1_US, TARGET_M9_US, TARGET_PEER_RATIO = 0.85, 70.0, 480.0, 3.0
@@ -34,8 +34,7 @@ TARGET_FRACTION, TARGET_M1_US, TARGET_M9_US, TARGET_PEER_RATIO = 0.85, 70.0, 480
 def random_projection(rng: np.random.Generator, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
     packed = rng.integers(-(2**31), 2**31, size=(DISTINCT, rows, cols // 8), dtype=np.int64).astype(np.int32)
     scale = (rng.uniform(0.5, 1.5, size=(DISTINCT, rows, cols // GROUP)) / np.sqrt(cols) / 4).astype(np.float32)
-    bits = torch.from_numpy(scale).bfloat16().view(torch.int16).numpy().view(np.uint16)
-    return packed, bits
+    return packed, bf16.from_float32(scale)
 
 
 def dequant(packed: np.ndarray, scale: np.ndarray) -> torch.Tensor:

@@ -10,6 +10,13 @@ def to_float32(bits: np.ndarray) -> np.ndarray:
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+def as_float32(array: np.ndarray) -> np.ndarray:
+    """A tensor as float32: bf16 bit patterns (uint16) widened exactly, anything else converted (no copy when it
+    is float32 already)."""
+    array = np.asarray(array)
+    return to_float32(array) if array.dtype == np.uint16 else array.astype(np.float32, copy=False)
+
+
 def from_float32(values: np.ndarray) -> np.ndarray:
     """Round float32 to the nearest bf16 (ties to even), as bit patterns; NaN stays NaN."""
     f = np.ascontiguousarray(values, dtype=np.float32)

@@ -24,7 +24,7 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
 # safetensors dtype names -> numpy storage dtype (bf16 kept as its bit pattern)
-_STORAGE = {"BF16": np.uint16, "F32": np.float32, "I32": np.int32, "I64": np.int64}
+STORAGE_DTYPES = {"BF16": np.uint16, "F32": np.float32, "I32": np.int32, "I64": np.int64}
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +186,7 @@ class Checkpoint(Mapping[str, np.ndarray]):
         if entry.shard not in self._maps:
             self._maps[entry.shard] = np.memmap(entry.shard, dtype=np.uint8, mode="r")
         raw = self._maps[entry.shard][entry.begin:entry.end]
-        return raw.view(_STORAGE[entry.dtype]).reshape(entry.shape)
+        return raw.view(STORAGE_DTYPES[entry.dtype]).reshape(entry.shape)
 
     def dtype_of(self, name: str) -> str:
         return self._entries[name].dtype
@@ -234,12 +234,11 @@ def write_tensor_dir(out_dir: str | Path, config: Mapping[str, object], specs: M
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def _shard_bytes_groups(specs: Mapping[str, TensorSpec], tensors: Mapping[str, np.ndarray],
-                        shard_bytes: int) -> list[list[str]]:
+def _shard_bytes_groups(specs: Mapping[str, TensorSpec], shard_bytes: int) -> list[list[str]]:
     shards: list[list[str]] = [[]]
     size = 0
     for name in specs:
-        nbytes = int(np.prod(specs[name].shape)) * np.dtype(_STORAGE[specs[name].dtypes[0]]).itemsize
+        nbytes = int(np.prod(specs[name].shape)) * np.dtype(STORAGE_DTYPES[specs[name].dtypes[0]]).itemsize
         if shards[-1] and size + nbytes > shard_bytes:
             shards.append([])
             size = 0
@@ -252,7 +251,7 @@ def write_checkpoint(model_dir: str | Path, cfg: ModelConfig, tensors: Mapping[s
                      shard_bytes: int = 2 << 30) -> None:
     """Write a target checkpoint: config.json, shards of at most `shard_bytes`, model.safetensors.index.json."""
     specs = expected_tensors(cfg)
-    write_tensor_dir(model_dir, cfg.to_dict(), specs, tensors, _shard_bytes_groups(specs, tensors, shard_bytes))
+    write_tensor_dir(model_dir, cfg.to_dict(), specs, tensors, _shard_bytes_groups(specs, shard_bytes))
 
 
 def open_checkpoint(model_dir: str | Path) -> Checkpoint:

@@ -109,7 +109,7 @@ def _reference_generate(args: argparse.Namespace, model_dir: Path,
     model = ReferenceModel.load(model_dir)
     drafter = None
     if args.method == "ddtree":
-        drafter = ReferenceDrafter.load(_drafter_dir(args, model_dir), model_dir)
+        drafter = ReferenceDrafter.for_model(_drafter_dir(args, model_dir), model)
     return [generate(model, drafter, prompt, args.max_new_tokens, method=args.method, budget=args.budget,
                      temperature=args.temperature, seed=args.seed + i,
                      on_tokens=lambda count, i=i: on_tokens(i, count))

@@ -176,42 +176,42 @@ def yarn_mscale(factor: float, mscale: float) -> float:
     return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-class _Fields:
+class Fields:
     """Typed access to one JSON object; every error names the field with its path."""
 
     def __init__(self, data: dict[str, Any], where: str) -> None:
         self.data = data
         self.where = where
 
-    def _fail(self, key: str, why: str) -> ConfigError:
+    def fail(self, key: str, why: str) -> ConfigError:
         return ConfigError(f"{self.where}: field '{key}' {why}")
 
     def get(self, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
         if key not in self.data or self.data[key] is None:
             if default is ...:
-                raise self._fail(key, "is missing")
+                raise self.fail(key, "is missing")
             return default
         value = self.data[key]
         if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-            raise self._fail(key, f"must be {_kind_name(kind)}, got {value!r}")
+            raise self.fail(key, f"must be {_kind_name(kind)}, got {value!r}")
         if kind is float and isinstance(value, int):
             value = float(value)
         if not isinstance(value, kind):
-            raise self._fail(key, f"must be {_kind_name(kind)}, got {value!r}")
+            raise self.fail(key, f"must be {_kind_name(kind)}, got {value!r}")
         return value
 
     def positive(self, key: str, default: Any = ...) -> int:
         value = self.get(key, int, default)
         if value <= 0:
-            raise self._fail(key, f"must be a positive integer, got {value}")
+            raise self.fail(key, f"must be a positive integer, got {value}")
         return value
 
     def expect(self, key: str, allowed: tuple[Any, ...], default: Any = ...) -> Any:
         if key not in self.data and default is ...:
-            raise self._fail(key, "is missing")
+            raise self.fail(key, "is missing")
         value = self.data.get(key, default)
         if value not in allowed or type(value) is not type(allowed[0]):
-            raise self._fail(key, f"is {value!r}; ddtree supports {', '.join(repr(a) for a in allowed)}")
+            raise self.fail(key, f"is {value!r}; ddtree supports {', '.join(repr(a) for a in allowed)}")
         return value
 
 
@@ -231,29 +231,29 @@ def _text_config(raw: dict[str, Any]) -> tuple[dict[str, Any], str]:
     return raw, ""
 
 
-def _parse_rope(f: _Fields) -> RopeConfig:
+def _parse_rope(f: Fields) -> RopeConfig:
     scaling = f.data.get("rope_scaling")
     params = f.data.get("rope_parameters")
     theta_source = f
     if scaling is None and isinstance(params, dict):
         scaling = params
-        theta_source = _Fields(params, f"{f.where}: rope_parameters")
+        theta_source = Fields(params, f"{f.where}: rope_parameters")
     theta = theta_source.get("rope_theta", float, 10000.0)
     if theta <= 0:
-        raise theta_source._fail("rope_theta", f"must be positive, got {theta}")
+        raise theta_source.fail("rope_theta", f"must be positive, got {theta}")
     if scaling is None:
         return RopeConfig(theta=theta)
     if not isinstance(scaling, dict):
-        raise f._fail("rope_scaling", "must be an object")
-    s = _Fields(scaling, f"{f.where}: rope_scaling")
+        raise f.fail("rope_scaling", "must be an object")
+    s = Fields(scaling, f"{f.where}: rope_scaling")
     kind = scaling.get("type", scaling.get("rope_type"))
     if kind == "default":
         return RopeConfig(theta=theta)
     if kind != "yarn":
-        raise s._fail("type", f"is {kind!r}; ddtree supports 'yarn' and 'default'")
+        raise s.fail("type", f"is {kind!r}; ddtree supports 'yarn' and 'default'")
     factor = s.get("factor", float)
     if factor < 1.0:
-        raise s._fail("factor", f"must be >= 1, got {factor}")
+        raise s.fail("factor", f"must be >= 1, got {factor}")
     return RopeConfig(
         theta=theta,
         kind="yarn",
@@ -266,37 +266,37 @@ def _parse_rope(f: _Fields) -> RopeConfig:
     )
 
 
-def _parse_quantization(f: _Fields) -> QuantConfig:
+def _parse_quantization(f: Fields) -> QuantConfig:
     raw = f.data.get("quantization_config")
     if raw is None:
-        raise f._fail("quantization_config", "is missing: ddtree runs routed experts in INT4 (compressed-tensors)")
+        raise f.fail("quantization_config", "is missing: ddtree runs routed experts in INT4 (compressed-tensors)")
     if not isinstance(raw, dict):
-        raise f._fail("quantization_config", "must be an object")
-    q = _Fields(raw, f"{f.where}: quantization_config")
+        raise f.fail("quantization_config", "must be an object")
+    q = Fields(raw, f"{f.where}: quantization_config")
     q.expect("quant_method", ("compressed-tensors",))
     q.expect("format", ("pack-quantized",))
     groups = q.get("config_groups", dict)
     if len(groups) != 1:
-        raise q._fail("config_groups", f"has {len(groups)} groups; ddtree supports exactly one")
+        raise q.fail("config_groups", f"has {len(groups)} groups; ddtree supports exactly one")
     name, group = next(iter(groups.items()))
     if not isinstance(group, dict):
-        raise q._fail(f"config_groups.{name}", "must be an object")
-    g = _Fields(group, f"{q.where}: config_groups.{name}")
+        raise q.fail(f"config_groups.{name}", "must be an object")
+    g = Fields(group, f"{q.where}: config_groups.{name}")
     for key in ("input_activations", "output_activations"):
         if group.get(key) is not None:
-            raise g._fail(key, "is set; ddtree supports weight-only quantization (W4A16)")
-    w = _Fields(g.get("weights", dict), f"{g.where}: weights")
+            raise g.fail(key, "is set; ddtree supports weight-only quantization (W4A16)")
+    w = Fields(g.get("weights", dict), f"{g.where}: weights")
     w.expect("type", ("int",))
     w.expect("strategy", ("group",))
     w.expect("num_bits", (4,))
     w.expect("symmetric", (True,))
     if w.data.get("actorder") not in (None, False):
-        raise w._fail("actorder", f"is {w.data['actorder']!r}; ddtree supports no activation ordering")
+        raise w.fail("actorder", f"is {w.data['actorder']!r}; ddtree supports no activation ordering")
     if w.data.get("dynamic", False):
-        raise w._fail("dynamic", "is true; ddtree supports static weight quantization")
+        raise w.fail("dynamic", "is true; ddtree supports static weight quantization")
     group_size = w.positive("group_size")
     if group_size != 32:
-        raise w._fail("group_size", f"is {group_size}; ddtree's INT4 kernels support group 32")
+        raise w.fail("group_size", f"is {group_size}; ddtree's INT4 kernels support group 32")
     ignore = q.get("ignore", list, [])
     return QuantConfig(num_bits=4, group_size=group_size, symmetric=True, ignore=tuple(str(i) for i in ignore))
 
@@ -306,15 +306,15 @@ def parse_config(raw: dict[str, Any], where: str = "config.json") -> ModelConfig
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: must be a JSON object")
     text, prefix = _text_config(raw)
-    f = _Fields(text, where if not prefix else f"{where}: text_config")
+    f = Fields(text, where if not prefix else f"{where}: text_config")
     model_type = f.get("model_type", str, raw.get("model_type"))
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise f._fail("model_type", f"is {model_type!r}; ddtree supports {', '.join(SUPPORTED_MODEL_TYPES)}")
+        raise f.fail("model_type", f"is {model_type!r}; ddtree supports {', '.join(SUPPORTED_MODEL_TYPES)}")
 
     heads = f.positive("num_attention_heads")
     kv_heads = f.get("num_key_value_heads", int, heads)
     if kv_heads != heads:
-        raise f._fail("num_key_value_heads", f"is {kv_heads}; MLA needs it equal to num_attention_heads ({heads})")
+        raise f.fail("num_key_value_heads", f"is {kv_heads}; MLA needs it equal to num_attention_heads ({heads})")
     f.expect("hidden_act", ("silu",), "silu")
     f.expect("topk_method", ("noaux_tc",), "noaux_tc")
     f.expect("scoring_func", ("sigmoid",), "sigmoid")
@@ -324,35 +324,35 @@ def parse_config(raw: dict[str, Any], where: str = "config.json") -> ModelConfig
     n_group = f.get("n_group", int, 1)
     topk_group = f.get("topk_group", int, n_group)
     if topk_group != n_group:
-        raise f._fail("topk_group", f"is {topk_group} of n_group {n_group}; ddtree supports ungrouped routing only")
+        raise f.fail("topk_group", f"is {topk_group} of n_group {n_group}; ddtree supports ungrouped routing only")
     q_lora = f.get("q_lora_rank", int, None)
     if q_lora is None:
-        raise f._fail("q_lora_rank", "is missing or null; ddtree supports the low-rank query projection only")
+        raise f.fail("q_lora_rank", "is missing or null; ddtree supports the low-rank query projection only")
 
     layers = f.positive("num_hidden_layers")
     experts = f.positive("n_routed_experts")
     topk = f.positive("num_experts_per_tok")
     if topk > experts:
-        raise f._fail("num_experts_per_tok", f"is {topk}, more than n_routed_experts ({experts})")
+        raise f.fail("num_experts_per_tok", f"is {topk}, more than n_routed_experts ({experts})")
     first_dense = f.get("first_k_dense_replace", int, 0)
     if not 0 <= first_dense <= layers:
-        raise f._fail("first_k_dense_replace", f"must be in [0, num_hidden_layers={layers}], got {first_dense}")
+        raise f.fail("first_k_dense_replace", f"must be in [0, num_hidden_layers={layers}], got {first_dense}")
     quant = _parse_quantization(f)
     hidden = f.positive("hidden_size")
     moe_inter = f.positive("moe_intermediate_size")
     for key, value in (("hidden_size", hidden), ("moe_intermediate_size", moe_inter)):
         if value % quant.group_size:
-            raise f._fail(key, f"is {value}; INT4 experts need a multiple of group_size {quant.group_size}")
+            raise f.fail(key, f"is {value}; INT4 experts need a multiple of group_size {quant.group_size}")
     eps = f.get("rms_norm_eps", float)
     if not 0 < eps < 1:
-        raise f._fail("rms_norm_eps", f"must be in (0, 1), got {eps}")
+        raise f.fail("rms_norm_eps", f"must be in (0, 1), got {eps}")
     rope_dim = f.positive("qk_rope_head_dim")
     if rope_dim % 2:
-        raise f._fail("qk_rope_head_dim", f"must be even, got {rope_dim}")
+        raise f.fail("qk_rope_head_dim", f"must be even, got {rope_dim}")
     eos = text.get("eos_token_id", raw.get("eos_token_id"))
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
     if not all(isinstance(e, int) and not isinstance(e, bool) for e in eos_ids):
-        raise f._fail("eos_token_id", f"must be an integer or a list of integers, got {eos!r}")
+        raise f.fail("eos_token_id", f"must be an integer or a list of integers, got {eos!r}")
 
     return ModelConfig(
         model_type=model_type,

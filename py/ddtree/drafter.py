@@ -19,7 +19,7 @@ import numpy as np
 
 from ddtree import bf16
 from ddtree.checkpoint import Checkpoint, TensorSpec, write_tensor_dir
-from ddtree.config import ModelConfig, read_config_json
+from ddtree.config import Fields, ModelConfig, read_config_json
 from ddtree.errors import ConfigError
 
 
@@ -73,40 +73,9 @@ class DrafterConfig:
         }
 
 
-def _fail(where: str, key: str, why: str) -> ConfigError:
-    return ConfigError(f"{where}: field '{key}' {why}")
-
-
-def _int(data: dict[str, Any], key: str, where: str, default: Any = ...) -> int:
-    value = data.get(key)
-    if value is None:
-        if default is ...:
-            raise _fail(where, key, "is missing")
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(where, key, f"must be an integer, got {value!r}")
-    return value
-
-
-def _positive(data: dict[str, Any], key: str, where: str, default: Any = ...) -> int:
-    value = _int(data, key, where, default)
-    if value <= 0:
-        raise _fail(where, key, f"must be a positive integer, got {value}")
-    return value
-
-
-def _number(data: dict[str, Any], key: str, where: str, default: float) -> float:
-    value = data.get(key, default)
-    if value is None:
-        value = default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _fail(where, key, f"must be a number, got {value!r}")
-    return float(value)
-
-
-def _reject_unless(data: dict[str, Any], key: str, where: str, allowed: tuple[Any, ...]) -> None:
-    if key in data and data[key] not in allowed:
-        raise _fail(where, key, f"is {data[key]!r}; ddtree supports {', '.join(repr(a) for a in allowed)}")
+def _reject_unless(f: Fields, key: str, allowed: tuple[Any, ...]) -> None:
+    if key in f.data and f.data[key] not in allowed:
+        raise f.fail(key, f"is {f.data[key]!r}; ddtree supports {', '.join(repr(a) for a in allowed)}")
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
@@ -121,78 +90,79 @@ def parse_drafter_config(raw: Any, where: str = "config.json", target: ModelConf
     """Validate a DFlash drafter config dict (against its target when given) and return the frozen config."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: must be a JSON object")
+    f = Fields(raw, where)
     arch = raw.get("architectures")
     if arch is not None and arch != ["DFlashDraftModel"]:
-        raise _fail(where, "architectures", f"is {arch!r}; ddtree supports ['DFlashDraftModel']")
+        raise f.fail("architectures", f"is {arch!r}; ddtree supports ['DFlashDraftModel']")
     dflash = raw.get("dflash_config", {})
     if not isinstance(dflash, dict):
-        raise _fail(where, "dflash_config", "must be an object")
-    dwhere = f"{where}: dflash_config"
+        raise f.fail("dflash_config", "must be an object")
+    d = Fields(dflash, f"{where}: dflash_config")
     for key, allowed in (("hidden_act", ("silu",)), ("attention_bias", (False,)), ("use_sliding_window", (False,)),
                          ("input_embedding_scale", (1, 1.0)), ("output_multiplier", (1, 1.0)),
                          ("final_logit_softcapping", (None, 0, 0.0))):
-        _reject_unless(raw, key, where, allowed)
-    _reject_unless(dflash, "sample_from_anchor", dwhere, (False,))
+        _reject_unless(f, key, allowed)
+    _reject_unless(d, "sample_from_anchor", (False,))
     if raw.get("rope_scaling") is not None or isinstance(raw.get("rope_parameters"), dict) and \
             raw["rope_parameters"].get("rope_type", "default") != "default":
-        raise _fail(where, "rope_scaling", "is set; ddtree's drafter supports plain RoPE only")
+        raise f.fail("rope_scaling", "is set; ddtree's drafter supports plain RoPE only")
 
-    hidden = _positive(raw, "hidden_size", where)
-    layers = _positive(raw, "num_hidden_layers", where)
-    heads = _positive(raw, "num_attention_heads", where)
-    kv_heads = _positive(raw, "num_key_value_heads", where, heads)
+    hidden = f.positive("hidden_size")
+    layers = f.positive("num_hidden_layers")
+    heads = f.positive("num_attention_heads")
+    kv_heads = f.positive("num_key_value_heads", heads)
     if heads % kv_heads:
-        raise _fail(where, "num_key_value_heads", f"is {kv_heads}; it must divide num_attention_heads ({heads})")
-    head_dim = _positive(raw, "head_dim", where, hidden // heads if hidden % heads == 0 else ...)
+        raise f.fail("num_key_value_heads", f"is {kv_heads}; it must divide num_attention_heads ({heads})")
+    head_dim = f.positive("head_dim", hidden // heads if hidden % heads == 0 else ...)
     if head_dim % 2:
-        raise _fail(where, "head_dim", f"must be even for RoPE, got {head_dim}")
+        raise f.fail("head_dim", f"must be even for RoPE, got {head_dim}")
     layer_types = raw.get("layer_types")
     if layer_types is not None and (not isinstance(layer_types, list) or len(layer_types) != layers
                                     or any(t != "full_attention" for t in layer_types)):
-        raise _fail(where, "layer_types", f"must list {layers} x 'full_attention' (no sliding window), "
-                                          f"got {layer_types!r}")
-    eps = _number(raw, "rms_norm_eps", where, 1e-6)
+        raise f.fail("layer_types", f"must list {layers} x 'full_attention' (no sliding window), "
+                                    f"got {layer_types!r}")
+    eps = f.get("rms_norm_eps", float, 1e-6)
     if not 0 < eps < 1:
-        raise _fail(where, "rms_norm_eps", f"must be in (0, 1), got {eps}")
+        raise f.fail("rms_norm_eps", f"must be in (0, 1), got {eps}")
     params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
-    theta = _number(params, "rope_theta", f"{where}: rope_parameters", _number(raw, "rope_theta", where, 10000.0))
+    theta = Fields(params, f"{where}: rope_parameters").get("rope_theta", float, f.get("rope_theta", float, 10000.0))
     if theta <= 0:
-        raise _fail(where, "rope_theta", f"must be positive, got {theta}")
-    vocab = _positive(raw, "vocab_size", where)
+        raise f.fail("rope_theta", f"must be positive, got {theta}")
+    vocab = f.positive("vocab_size")
 
     # DFlash reads these from dflash_config first, then from the top level.
-    block_size = _int(dflash, "block_size", dwhere, _int(raw, "block_size", where, 16))
+    block_size = d.get("block_size", int, f.get("block_size", int, 16))
     if block_size < 2:
-        raise _fail(where, "block_size", f"must be at least 2 (bonus + one drafted token), got {block_size}")
-    mask_key_where = (dflash, dwhere) if "mask_token_id" in dflash else (raw, where)
-    mask_token = _int(mask_key_where[0], "mask_token_id", mask_key_where[1])
+        raise f.fail("block_size", f"must be at least 2 (bonus + one drafted token), got {block_size}")
+    mask_fields = d if "mask_token_id" in dflash else f
+    mask_token = mask_fields.get("mask_token_id", int)
     if not 0 <= mask_token < vocab:
-        raise _fail(mask_key_where[1], "mask_token_id", f"must be in [0, vocab_size={vocab}), got {mask_token}")
-    n_target = _positive(raw, "num_target_layers", where, target.num_hidden_layers if target else ...)
+        raise mask_fields.fail("mask_token_id", f"must be in [0, vocab_size={vocab}), got {mask_token}")
+    n_target = f.positive("num_target_layers", target.num_hidden_layers if target else ...)
     ids_raw = dflash.get("target_layer_ids")
     if ids_raw is None:
         ids = default_target_layer_ids(n_target, layers)
     elif not isinstance(ids_raw, list) or not ids_raw or \
             any(isinstance(i, bool) or not isinstance(i, int) for i in ids_raw):
-        raise _fail(dwhere, "target_layer_ids", f"must be a non-empty list of integers, got {ids_raw!r}")
+        raise d.fail("target_layer_ids", f"must be a non-empty list of integers, got {ids_raw!r}")
     else:
         ids = tuple(ids_raw)
     # HF's hidden_states[n_target] is the final-normed output, not the last layer's: only earlier layers tap.
     if any(not 0 <= i < n_target - 1 for i in ids) or len(set(ids)) != len(ids):
-        raise _fail(dwhere, "target_layer_ids", f"must be distinct layers in [0, {n_target - 1}) "
-                                                f"(num_target_layers {n_target}), got {list(ids)}")
+        raise d.fail("target_layer_ids", f"must be distinct layers in [0, {n_target - 1}) "
+                                         f"(num_target_layers {n_target}), got {list(ids)}")
 
     if target is not None:
         checks = (("hidden_size", hidden, target.hidden_size), ("vocab_size", vocab, target.vocab_size),
                   ("num_target_layers", n_target, target.num_hidden_layers))
         for key, mine, theirs in checks:
             if mine != theirs:
-                raise _fail(where, key, f"is {mine} but the target model's is {theirs}")
+                raise f.fail(key, f"is {mine} but the target model's is {theirs}")
     return DrafterConfig(
-        hidden_size=hidden, intermediate_size=_positive(raw, "intermediate_size", where), num_hidden_layers=layers,
+        hidden_size=hidden, intermediate_size=f.positive("intermediate_size"), num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim, vocab_size=vocab,
         rms_norm_eps=eps, rope_theta=theta,
-        max_position_embeddings=_positive(raw, "max_position_embeddings", where, 1 << 17),
+        max_position_embeddings=f.positive("max_position_embeddings", 1 << 17),
         block_size=block_size, mask_token_id=mask_token, num_target_layers=n_target, target_layer_ids=ids,
     )
 

@@ -14,14 +14,15 @@ from typing import Any
 
 import numpy as np
 
+from ddtree import bf16
 from ddtree.checkpoint import Checkpoint, open_checkpoint
 from ddtree.config import ModelConfig
 from ddtree.errors import RequestError
+from ddtree.reference.mla import LORA_NORM_EPS
 from ddtree.reference.rope import Rope
 from ddtree.results import GenerationResult
 
 # HF and DeepSeek build q_a_layernorm / kv_a_layernorm with RMSNorm's default eps (see reference.mla).
-LORA_NORM_EPS = 1e-6
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
@@ -103,23 +104,22 @@ class Engine:
 
     def __init__(self, model_dir: str | Path, streams: int = 1, max_context: int = 4096, device: int = 0) -> None:
         checkpoint = open_checkpoint(model_dir)
-        _check_supported(checkpoint.config)
-        _check_sizes(streams, max_context, checkpoint.config)
-        self.config = checkpoint.config
-        self.streams, self.max_context = streams, max_context
-        self._native = _native_engine(self.config, streams, max_context, device)
+        self._create(checkpoint.config, streams, max_context, device)
         self._upload(checkpoint)
 
     @classmethod
     def random(cls, cfg: ModelConfig, streams: int, max_context: int, device: int = 0, seed: int = 0) -> Engine:
         """An engine with random weights of the right scale (benchmarks at K2 dims with no checkpoint on disk)."""
-        _check_supported(cfg)
-        _check_sizes(streams, max_context, cfg)
         engine = cls.__new__(cls)
-        engine.config, engine.streams, engine.max_context = cfg, streams, max_context
-        engine._native = _native_engine(cfg, streams, max_context, device)
+        engine._create(cfg, streams, max_context, device)
         engine._native.randomize_weights(seed)
         return engine
+
+    def _create(self, cfg: ModelConfig, streams: int, max_context: int, device: int) -> None:
+        _check_supported(cfg)
+        _check_sizes(streams, max_context, cfg)
+        self.config, self.streams, self.max_context = cfg, streams, max_context
+        self._native = _native_engine(cfg, streams, max_context, device)
 
     @property
     def native(self) -> Any:
@@ -133,7 +133,7 @@ class Engine:
                 continue
             array = checkpoint[name]
             if name.endswith("e_score_correction_bias"):
-                array = np.ascontiguousarray(array if array.dtype == np.float32 else _bf16_to_f32(array))
+                array = np.ascontiguousarray(bf16.as_float32(array))
             self._native.upload(name[len(prefix):], array)
         for layer in range(cfg.first_k_dense_replace, cfg.num_hidden_layers):
             for e in range(cfg.n_routed_experts):
@@ -162,12 +162,6 @@ class Engine:
         decode_seconds = time.perf_counter() - start
         return [GenerationResult(tokens=list(t), prefill_seconds=prefill_seconds, decode_seconds=decode_seconds)
                 for t in tokens]
-
-
-def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
-    from ddtree import bf16
-
-    return bf16.to_float32(bits)
 
 
 __all__ = ["Engine", "engine_dims", "validate_request"]

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ddtree import bf16
-from ddtree.checkpoint import expected_tensors, write_checkpoint
+from ddtree.checkpoint import STORAGE_DTYPES, expected_tensors, write_checkpoint
 from ddtree.config import DEFAULT_QUANT_IGNORE, ModelConfig, QuantConfig, RopeConfig
 from ddtree.errors import ConfigError
 from ddtree.reference import int4
@@ -79,7 +79,6 @@ _PRESETS = {
                        yarn_mscale_all_dim=1.0, bos=163584, eos=163585),
 }
 PRESETS = tuple(_PRESETS)
-_DENSE_STORAGE = {"BF16": np.uint16, "F32": np.float32}  # bf16 as bit patterns
 K2_ROUTED_SCALING_FACTOR = 2.827
 
 
@@ -141,7 +140,7 @@ def random_tensors(cfg: ModelConfig, seed: int, sample_experts: bool = False) ->
             fill = partial(_fill_expert_rows, packed, scale, samplers.get(in_dim))
             row_size = in_dim
         else:
-            out = tensors[name] = np.empty(spec.shape, _DENSE_STORAGE[spec.dtypes[0]])
+            out = tensors[name] = np.empty(spec.shape, STORAGE_DTYPES[spec.dtypes[0]])
             fill = partial(_fill_dense_rows, out, name)
             row_size = math.prod(spec.shape[1:])
         rows_per_job = max(1, JOB_ELEMENTS // row_size)

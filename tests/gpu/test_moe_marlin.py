@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-from ddtree._native import moe
+from ddtree import bf16  # noqa: E402
+from ddtree._native import moe  # noqa: E402
+from ddtree.presets import K2_ROUTED_SCALING_FACTOR as RSF  # noqa: E402
 
 POISON = float("nan")
-RSF = 2.827
 TOPK = 8
 
 
@@ -31,8 +32,7 @@ def _projection(rng: np.random.Generator, experts: int, rows: int, cols: int) ->
     # scales of both signs around 1/sqrt(cols) keep activations O(1); bf16 bit patterns for the repack
     mag = (rng.uniform(0.5, 1.5, size=(experts, rows, cols // 32)) / np.sqrt(cols) / 4).astype(np.float32)
     sign = np.where(rng.random(mag.shape) < 0.2, -1.0, 1.0).astype(np.float32)
-    scale = torch.from_numpy(mag * sign).bfloat16().view(torch.int16).numpy().view(np.uint16)
-    return packed, scale
+    return packed, bf16.from_float32(mag * sign)
 
 
 def _dequant(packed: np.ndarray, scale: np.ndarray) -> torch.Tensor:

@@ -21,15 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from ddtree import bf16
-from ddtree.checkpoint import open_checkpoint
 from ddtree.drafter import DrafterConfig, drafter_tensor_specs, open_drafter
 from ddtree.reference.layers import linear, rms_norm, softmax, swiglu_mlp
-from ddtree.reference.rope import Rope
-
-
-def _float32(array: np.ndarray) -> np.ndarray:
-    array = np.asarray(array)
-    return bf16.to_float32(array) if array.dtype == np.uint16 else array.astype(np.float32)
+from ddtree.reference.model import ReferenceModel
+from ddtree.reference.rope import Rope, rope_inv_freq
 
 
 @dataclass
@@ -59,20 +54,18 @@ class ReferenceDrafter:
             if tuple(np.shape(table)) != (config.vocab_size, config.hidden_size):
                 raise ValueError(f"target {name} has shape {list(np.shape(table))}, "
                                  f"expected {[config.vocab_size, config.hidden_size]}")
-        self.weights = {name: _float32(weights[name]) for name in specs}
-        self.embed_tokens = _float32(embed_tokens)
-        self.lm_head = _float32(lm_head)
-        dim = config.head_dim
-        inv_freq = 1.0 / config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
-        self.rope = Rope(inv_freq.astype(np.float32), 1.0, interleave=False)
+        self.weights = {name: bf16.as_float32(weights[name]) for name in specs}
+        self.embed_tokens = np.asarray(embed_tokens)  # rows are widened when used: the table is vocab x hidden
+        self.lm_head = bf16.as_float32(lm_head)
+        self.rope = Rope(rope_inv_freq(config.rope_theta, config.head_dim).astype(np.float32), 1.0,
+                         interleave=False)
 
     @classmethod
-    def load(cls, drafter_dir: str | Path, target_dir: str | Path) -> ReferenceDrafter:
-        """Open a drafter checkpoint, validated against its target's config, with the target's tables."""
-        target = open_checkpoint(target_dir)
-        config, weights = open_drafter(drafter_dir, target.config)
-        prefix = target.config.weight_prefix
-        return cls(config, weights, target[f"{prefix}model.embed_tokens.weight"], target[f"{prefix}lm_head.weight"])
+    def for_model(cls, drafter_dir: str | Path, model: ReferenceModel) -> ReferenceDrafter:
+        """Open a drafter checkpoint, validated against its target's config, sharing the target model's
+        embedding table and float32 LM head (the target checkpoint is not opened again)."""
+        config, weights = open_drafter(drafter_dir, model.config)
+        return cls(config, weights, model.embedding_table(), model.lm_head())
 
     def new_cache(self) -> DraftCache:
         c = self.config
@@ -104,7 +97,7 @@ class ReferenceDrafter:
         ctx = rms_norm(linear(context, w["fc.weight"]), w["hidden_norm.weight"], c.rms_norm_eps)
         ids = np.full(c.block_size, c.mask_token_id, dtype=np.int64)
         ids[0] = bonus_token
-        x = self.embed_tokens[ids]
+        x = bf16.as_float32(self.embed_tokens[ids])
         q_cos, q_sin = self.rope.cos_sin(block_positions)
         group = c.num_attention_heads // c.num_key_value_heads
         for i in range(c.num_hidden_layers):

@@ -62,8 +62,7 @@ class ReferenceModel:
     def _tensor(self, name: str) -> np.ndarray:
         """A non-expert tensor as float32, converted once."""
         if name not in self._float32:
-            raw = self._raw(name)
-            self._float32[name] = bf16.to_float32(raw) if raw.dtype == np.uint16 else np.array(raw, np.float32)
+            self._float32[name] = bf16.as_float32(self._raw(name))
         return self._float32[name]
 
     def _attention_weights(self, layer: int) -> AttentionWeights:
@@ -72,9 +71,16 @@ class ReferenceModel:
             "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj",
             "o_proj")))
 
+    def embedding_table(self) -> np.ndarray:
+        """The embedding table as stored (bf16 bit patterns): callers widen only the rows they need."""
+        return self._raw("model.embed_tokens.weight")
+
+    def lm_head(self) -> np.ndarray:
+        """The LM head [vocab, hidden] in float32, converted once."""
+        return self._tensor("lm_head.weight")
+
     def _embed(self, ids: np.ndarray) -> np.ndarray:
-        # Only the rows needed: the table is vocab x hidden.
-        return bf16.to_float32(self._raw("model.embed_tokens.weight")[ids])
+        return bf16.as_float32(self.embedding_table()[ids])
 
     # -- forward ------------------------------------------------------------------------------------------------
 
@@ -103,7 +109,7 @@ class ReferenceModel:
             if layer in wanted:
                 hidden[layer] = x.copy()
         logits = linear(rms_norm(x, self._tensor("model.norm.weight"), cfg.rms_norm_eps),
-                        self._tensor("lm_head.weight"))
+                        self.lm_head())
         return ForwardOutput(logits.astype(np.float32), hidden)
 
     def _decoder_layer(self, layer: int, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, allowed: np.ndarray,

@@ -24,6 +24,11 @@ import numpy as np
 from ddtree.config import ModelConfig, yarn_mscale
 
 
+def rope_inv_freq(theta: float, dim: int) -> np.ndarray:
+    """Plain RoPE frequencies theta^(-2i/dim), i < dim/2, in float64."""
+    return 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+
+
 @dataclass(frozen=True)
 class Rope:
     inv_freq: np.ndarray  # float32 [d / 2]
@@ -33,8 +38,7 @@ class Rope:
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> Rope:
         dim, r = cfg.qk_rope_head_dim, cfg.rope
-        exponents = np.arange(0, dim, 2, dtype=np.float64) / dim
-        inv_freq = 1.0 / r.theta**exponents
+        inv_freq = rope_inv_freq(r.theta, dim)
         attention_factor = 1.0
         if r.kind == "yarn":
             low, high = _yarn_correction_range(r.beta_fast, r.beta_slow, dim, r.theta,
