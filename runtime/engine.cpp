@@ -33,6 +33,14 @@ constexpr size_t kHeadroomBytes = size_t{1} << 30;
 // (per-operation timings then measure the device, not the host's launch rate).
 void CUDART_CB hold_stream(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }
 
+// Token ids for timing n streams: distinct and spread over the vocabulary. One id for every stream would make
+// the streams' hidden states, and so their expert choices, alike, and understate the routed experts' cost.
+std::vector<int32_t> probe_ids(int n, int vocab) {
+    std::vector<int32_t> ids(n);
+    for (int i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((1 + 7919LL * i) % vocab);
+    return ids;
+}
+
 // No iostreams in the runtime: a host process can carry a second libstdc++ whose locale facets clash with ours
 // (seen on the GPU image: an ostringstream crashed inside codecvt), so messages use snprintf.
 std::string gib(size_t bytes) {
@@ -263,7 +271,7 @@ void Engine::upload_rows(const RowBuffers& rows, const std::vector<int32_t>& ids
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-void Engine::forward(const RowBuffers& rows, int n, int n_logits, Timeline* timeline) {
+void Engine::forward(const RowBuffers& rows, int n, int n_logits, int span, Timeline* timeline) {
     const ModelDims& d = dims_;
     const Weights& w = *weights_;
     cudaStream_t s = stream_;
@@ -316,7 +324,7 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, Timeline* time
         });
         op("attention", [&] {
             CUDA_CHECK(k::mla_attention(o_lat_, q_abs_, cache, static_cast<int64_t>(streams_) * max_context_,
-                                        rows.kv_start, rows.kv_len, n, max_context_, mla,
+                                        rows.kv_start, rows.kv_len, n, span, mla,
                                         d.softmax_scale, attn_ws_, s));
         });
         gemm("kv_b_absorb_v", o_lat_, d.heads * d.kv_lora, lw.kv_b + static_cast<size_t>(d.nope) * d.kv_lora, v_out_,
@@ -414,7 +422,9 @@ std::vector<int32_t> Engine::prefill(const std::vector<std::vector<int32_t>>& pr
             if (c_pos[r] + 1 == static_cast<int32_t>(prompts[c_streams[r]].size())) last.push_back(static_cast<int32_t>(r));
         }
         upload_rows(eager_rows_, c_ids, c_streams, c_pos, last);
-        forward(eager_rows_, static_cast<int>(c_ids.size()), static_cast<int>(last.size()), nullptr);
+        const int longest = *std::max_element(c_pos.begin(), c_pos.end()) + 1;
+        forward(eager_rows_, static_cast<int>(c_ids.size()), static_cast<int>(last.size()), attention_span(longest),
+                nullptr);
         if (!last.empty()) {
             sample(eager_rows_, static_cast<int>(last.size()));
             std::vector<int32_t> chosen(last.size());
@@ -441,8 +451,14 @@ RowBuffers Engine::decode_step_rows() const {
     return rows;
 }
 
-Engine::Graph& Engine::decode_graph(int n) {
-    auto it = graphs_.find(n);
+int Engine::attention_span(int longest) const {
+    int granule = k::kMlaChunk;  // a quarter of the power of two below `longest`, in whole chunks
+    while (granule * 8 <= longest) granule *= 2;
+    return std::min((longest + granule - 1) / granule * granule, max_context_);
+}
+
+Engine::Graph& Engine::decode_graph(int n, int span) {
+    auto it = graphs_.find({n, span});
     if (it != graphs_.end()) {
         return it->second;
     }
@@ -450,7 +466,7 @@ Engine::Graph& Engine::decode_graph(int n) {
     Graph g;
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
     try {
-        forward(rows, n, n, nullptr);
+        forward(rows, n, n, span, nullptr);
         sample(rows, n);
         CUDA_CHECK(k::advance_decode(decode_rows_.ids, decode_rows_.positions, decode_rows_.kv_len, decode_rows_.slots,
                                      decode_rows_.kv_start, tokens_, history_, max_steps_, step_, n, stream_));
@@ -462,7 +478,7 @@ Engine::Graph& Engine::decode_graph(int n) {
     }
     CUDA_CHECK(cudaStreamEndCapture(stream_, &g.graph));
     CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
-    return graphs_.emplace(n, g).first->second;
+    return graphs_.emplace(std::make_pair(n, span), g).first->second;
 }
 
 std::vector<std::vector<int32_t>> Engine::decode(const std::vector<int32_t>& first_tokens,
@@ -495,7 +511,9 @@ std::vector<std::vector<int32_t>> Engine::decode(const std::vector<int32_t>& fir
     CUDA_CHECK(cudaMemcpyAsync(step_, &one, 4, cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     if (steps > 0) {
-        Graph& g = decode_graph(n);
+        int longest = 0;  // kv_len of the last step's rows
+        for (int i = 0; i < n; ++i) longest = std::max(longest, prompt_lengths[i] + steps);
+        Graph& g = decode_graph(n, attention_span(longest));
         for (int i = 0; i < steps; ++i) CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
     }
     CUDA_CHECK(cudaMemcpyAsync(history_init.data(), history_, history_init.size() * 4, cudaMemcpyDeviceToHost, stream_));
@@ -525,7 +543,7 @@ std::vector<float> Engine::forward_logits(const std::vector<int32_t>& ids, const
         ~CaptureScope() { flag = false; }
     } capture{capture_routing_};
     capture_routing_ = routing != nullptr;
-    forward(eager_rows_, n, n, nullptr);
+    forward(eager_rows_, n, n, attention_span(*std::max_element(positions.begin(), positions.end()) + 1), nullptr);
     std::vector<float> logits(static_cast<size_t>(n) * dims_.vocab);
     CUDA_CHECK(cudaMemcpyAsync(logits.data(), logits_, logits.size() * 4, cudaMemcpyDeviceToHost, stream_));
     if (routing != nullptr) {
@@ -554,11 +572,12 @@ std::pair<double, double> Engine::time_decode(int n, const std::vector<int32_t>&
             throw std::invalid_argument("time_decode: position " + std::to_string(p) + " + iters leaves max_context");
         }
     }
-    std::vector<int32_t> ids(n, 1);
+    const std::vector<int32_t> ids = probe_ids(n, dims_.vocab);
     set_decode_state(ids, positions, n);
     const int32_t zero = 0;
     CUDA_CHECK(cudaMemcpyAsync(step_, &zero, 4, cudaMemcpyHostToDevice, stream_));
-    Graph& g = decode_graph(n);
+    // Replays reach kv_len p + iters at most (the warm-up replay is undone by the second set_decode_state).
+    Graph& g = decode_graph(n, attention_span(*std::max_element(positions.begin(), positions.end()) + iters));
     CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));  // warm-up
     set_decode_state(ids, positions, n);
     CUDA_CHECK(cudaMemcpyAsync(step_, &zero, 4, cudaMemcpyHostToDevice, stream_));
@@ -588,7 +607,8 @@ StepProfile Engine::profile_step(int n, const std::vector<int32_t>& positions, i
     if (n < 1 || n > streams_ || static_cast<int>(positions.size()) != n || iters < 1) {
         throw std::invalid_argument("profile_step: need 1.." + std::to_string(streams_) + " streams, one position each");
     }
-    std::vector<int32_t> streams(n), ids(n, 1);
+    std::vector<int32_t> streams(n);
+    const std::vector<int32_t> ids = probe_ids(n, dims_.vocab);
     std::iota(streams.begin(), streams.end(), 0);
     check_rows(streams, positions);
     std::map<std::string, double> seconds;
@@ -597,7 +617,7 @@ StepProfile Engine::profile_step(int n, const std::vector<int32_t>& positions, i
         const RowBuffers rows = decode_step_rows();
         Timeline timeline(stream_);
         CUDA_CHECK(cudaLaunchHostFunc(stream_, hold_stream, nullptr));
-        forward(rows, n, n, &timeline);
+        forward(rows, n, n, attention_span(*std::max_element(positions.begin(), positions.end()) + 1), &timeline);
         timeline.op("sample", [&] { sample(rows, n); });
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         if (i > 0) timeline.accumulate(seconds);  // the first pass warms up

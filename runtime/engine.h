@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,7 +50,7 @@ class Engine {
     // first new token; returns them.
     std::vector<int32_t> prefill(const std::vector<std::vector<int32_t>>& prompts, float temperature, uint64_t seed);
 
-    // After prefill: `steps` decode steps for streams 0..n-1 by replaying the captured graph of bucket n.
+    // After prefill: `steps` decode steps for streams 0..n-1 by replaying the captured graph of n streams.
     // first_tokens are prefill's tokens. Returns [n][steps + 1] tokens (first token included).
     std::vector<std::vector<int32_t>> decode(const std::vector<int32_t>& first_tokens,
                                              const std::vector<int32_t>& prompt_lengths, int steps,
@@ -80,11 +81,18 @@ class Engine {
     void allocate_buffers();
     void upload_rows(const RowBuffers& rows, const std::vector<int32_t>& ids, const std::vector<int32_t>& streams,
                      const std::vector<int32_t>& positions, const std::vector<int32_t>& logit_rows);
-    void forward(const RowBuffers& rows, int n_rows, int n_logit_rows, Timeline* timeline);
+    // `span` bounds every row's kv_len: attention launches a chunk CTA per 512 keys of it for each row.
+    void forward(const RowBuffers& rows, int n_rows, int n_logit_rows, int span, Timeline* timeline);
     void sample(const RowBuffers& rows, int n_logit_rows);
     void set_decode_state(const std::vector<int32_t>& ids, const std::vector<int32_t>& positions, int n);
     RowBuffers decode_step_rows() const;
-    Graph& decode_graph(int n);
+    // The attention span for rows of kv_len <= longest: whole key chunks, rounded up to a quarter of the power of
+    // two below `longest` (at most 25% spare keys; four decode graphs per doubling of a stream's context), and
+    // at most max_context. CTAs past a row's length exit at once, but a grid sized by max_context launched
+    // thousands of them per layer when max_context was long and the contexts short.
+    int attention_span(int longest) const;
+    // The decode step of `n` streams whose rows stay within `span` keys, captured on first use.
+    Graph& decode_graph(int n, int span);
     void check_rows(const std::vector<int32_t>& streams, const std::vector<int32_t>& positions) const;
 
     ModelDims dims_;
@@ -110,7 +118,7 @@ class Engine {
     float* rope_device_ = nullptr;  // inv_freq table
     unsigned long long* seed_ = nullptr;
     RowBuffers eager_rows_, decode_rows_;
-    std::map<int, Graph> graphs_;
+    std::map<std::pair<int, int>, Graph> graphs_;  // (streams, attention span)
 };
 
 }  // namespace ddtree

@@ -47,13 +47,14 @@ size_t Weights::planned_bytes(const ModelDims& d, int max_tokens) {
     const int moe_layers = d.layers - d.first_dense;
     if (moe_layers > 0) {
         const ExpertProjectionBytes plain = expert_projection_bytes(d);
-        const size_t per_layer =
-            marlin_supported(d)
-                ? d.experts * (k::moe::w13_bytes_per_expert(d.hidden, d.moe_inter) +
-                               k::moe::w2_bytes_per_expert(d.hidden, d.moe_inter)) +
-                      k::moe::workspace_bytes(d.experts, d.hidden, d.moe_inter, d.topk, max_tokens)
-                : d.experts * 3 * (plain.packed + plain.scales);
+        const bool marlin = marlin_supported(d);
+        const size_t per_layer = marlin ? d.experts * (k::moe::w13_bytes_per_expert(d.hidden, d.moe_inter) +
+                                                       k::moe::w2_bytes_per_expert(d.hidden, d.moe_inter))
+                                        : d.experts * 3 * (plain.packed + plain.scales);
         bytes += per_layer * moe_layers;
+        if (marlin) {  // one workspace, shared by the layers
+            bytes += k::moe::workspace_bytes(d.experts, d.hidden, d.moe_inter, d.topk, max_tokens);
+        }
     }
     return bytes;
 }
@@ -107,9 +108,10 @@ Weights::Weights(const ModelDims& d, int device, int max_tokens, cudaStream_t st
             add(layer_name(l, "mlp.gate.e_score_correction_bias"), w.router_bias, d.experts * 4);
             w.expert_uploaded.assign(d.experts, false);
             if (marlin_supported(d)) {
-                w.marlin = std::make_unique<MoeLayer>(
-                    MoeLayerShape{d.experts, d.hidden, d.moe_inter, d.topk, max_tokens, d.routed_scaling_factor},
-                    device);
+                const MoeLayerShape shape{d.experts, d.hidden, d.moe_inter, d.topk, max_tokens,
+                                          d.routed_scaling_factor};
+                if (moe_workspace_ == nullptr) moe_workspace_ = std::make_shared<const MoeWorkspace>(shape, device);
+                w.marlin = std::make_unique<MoeLayer>(shape, device, moe_workspace_);
             } else {
                 const ExpertProjectionBytes one = expert_projection_bytes(d);
                 const size_t packed = one.packed * d.experts, scales = one.scales * d.experts;

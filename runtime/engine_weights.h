@@ -104,6 +104,7 @@ class Weights {
     std::vector<void*> allocations_;
     std::map<std::string, Slot> slots_;
     std::vector<kernels::bf16*> gate_stage_, up_stage_;  // gate/up rows until both halves arrived
+    std::shared_ptr<const MoeWorkspace> moe_workspace_;   // one for every fused MoE layer (they run in turn)
 };
 
 }  // namespace ddtree

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "cuda_check.h"
 #include "moe_marlin.cuh"
@@ -11,7 +12,29 @@ namespace ddtree {
 
 namespace k = ddtree::kernels::moe;
 
-MoeLayer::MoeLayer(const MoeLayerShape& shape, int device) : shape_(shape), device_(device) {
+namespace {
+
+bool same_shape(const MoeLayerShape& a, const MoeLayerShape& b) {
+    return a.experts == b.experts && a.hidden == b.hidden && a.inter == b.inter && a.topk == b.topk &&
+           a.max_tokens == b.max_tokens;
+}
+
+}  // namespace
+
+MoeWorkspace::MoeWorkspace(const MoeLayerShape& shape, int device) : shape_(shape), device_(device) {
+    CUDA_CHECK(cudaSetDevice(device));
+    CUDA_CHECK(cudaMalloc(&memory_, bytes(shape)));
+    ws_ = k::carve_workspace(memory_, shape.experts, shape.hidden, shape.inter, shape.topk, shape.max_tokens);
+}
+
+MoeWorkspace::~MoeWorkspace() { cudaFree(memory_); }
+
+size_t MoeWorkspace::bytes(const MoeLayerShape& shape) {
+    return k::workspace_bytes(shape.experts, shape.hidden, shape.inter, shape.topk, shape.max_tokens);
+}
+
+MoeLayer::MoeLayer(const MoeLayerShape& shape, int device, std::shared_ptr<const MoeWorkspace> workspace)
+    : shape_(shape), device_(device), workspace_(std::move(workspace)) {
     moe::check_moe_shape(shape.hidden, shape.inter);
     if (shape.experts < 1 || shape.experts > k::kMaxExperts) {
         throw std::invalid_argument("MoE experts must be in 1.." + std::to_string(k::kMaxExperts) + ", got " +
@@ -24,14 +47,15 @@ MoeLayer::MoeLayer(const MoeLayerShape& shape, int device) : shape_(shape), devi
     if (shape.max_tokens < 1) {
         throw std::invalid_argument("MoE max_tokens must be >= 1, got " + std::to_string(shape.max_tokens));
     }
+    if (workspace_ != nullptr && (!same_shape(workspace_->shape(), shape) || workspace_->device() != device)) {
+        throw std::invalid_argument("the shared MoE workspace was made for another shape or device");
+    }
     CUDA_CHECK(cudaSetDevice(device));
     CUDA_CHECK(k::configure(device, &gemm_ctas_));
     try {
         CUDA_CHECK(cudaMalloc(&w13_, w13_bytes_per_expert() * shape.experts));
         CUDA_CHECK(cudaMalloc(&w2_, w2_bytes_per_expert() * shape.experts));
-        CUDA_CHECK(cudaMalloc(&workspace_, k::workspace_bytes(shape.experts, shape.hidden, shape.inter, shape.topk,
-                                                              shape.max_tokens)));
-        ws_ = k::carve_workspace(workspace_, shape.experts, shape.hidden, shape.inter, shape.topk, shape.max_tokens);
+        if (workspace_ == nullptr) workspace_ = std::make_shared<const MoeWorkspace>(shape, device);
     } catch (...) {
         cudaFree(w13_);
         cudaFree(w2_);
@@ -42,7 +66,6 @@ MoeLayer::MoeLayer(const MoeLayerShape& shape, int device) : shape_(shape), devi
 MoeLayer::~MoeLayer() {
     cudaFree(w13_);
     cudaFree(w2_);
-    cudaFree(workspace_);
 }
 
 size_t MoeLayer::w13_bytes_per_expert() const { return k::w13_bytes_per_expert(shape_.hidden, shape_.inter); }
@@ -80,7 +103,7 @@ void MoeLayer::forward(const __nv_bfloat16* hidden_states, const int32_t* topk_i
     args.inter = shape_.inter;
     args.topk = shape_.topk;
     args.routed_scaling_factor = shape_.routed_scaling_factor;
-    CUDA_CHECK(k::moe_forward(args, ws_, gemm_ctas_, stream));
+    CUDA_CHECK(k::moe_forward(args, workspace_->buffers(), gemm_ctas_, stream));
 }
 
 }  // namespace ddtree

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "moe_marlin.cuh"
 
@@ -21,10 +22,34 @@ struct MoeLayerShape {
     float routed_scaling_factor;
 };
 
+// The scratch of the fused call (routing blocks, intermediate activations, fp32 per-slot outputs) for one
+// shape. Calls on one stream run one after another, so the layers of a model share one: at K2 sizes a
+// workspace per layer cost about 17 MB x 60 layers at 64 rows.
+class MoeWorkspace {
+  public:
+    MoeWorkspace(const MoeLayerShape& shape, int device);
+    ~MoeWorkspace();
+    MoeWorkspace(const MoeWorkspace&) = delete;
+    MoeWorkspace& operator=(const MoeWorkspace&) = delete;
+
+    static size_t bytes(const MoeLayerShape& shape);
+    const MoeLayerShape& shape() const { return shape_; }
+    int device() const { return device_; }
+    const kernels::moe::Workspace& buffers() const { return ws_; }
+
+  private:
+    MoeLayerShape shape_;
+    int device_;
+    void* memory_ = nullptr;
+    kernels::moe::Workspace ws_{};  // memory_ carved into its buffers, once
+};
+
 class MoeLayer {
   public:
-    // Allocates weights and workspace on `device`; throws std::invalid_argument for an unsupported shape.
-    MoeLayer(const MoeLayerShape& shape, int device);
+    // Allocates the weights on `device`, and a workspace unless one is shared (it must be of the same shape
+    // and device, and only used by calls on the same stream); throws std::invalid_argument for an unsupported
+    // shape or a mismatched workspace.
+    MoeLayer(const MoeLayerShape& shape, int device, std::shared_ptr<const MoeWorkspace> workspace = nullptr);
     ~MoeLayer();
     MoeLayer(const MoeLayer&) = delete;
     MoeLayer& operator=(const MoeLayer&) = delete;
@@ -50,8 +75,7 @@ class MoeLayer {
     int gemm_ctas_ = 0;
     uint8_t* w13_ = nullptr;
     uint8_t* w2_ = nullptr;
-    void* workspace_ = nullptr;
-    kernels::moe::Workspace ws_{};  // workspace_ carved into its buffers, once
+    std::shared_ptr<const MoeWorkspace> workspace_;
 };
 
 }  // namespace ddtree
