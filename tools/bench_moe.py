@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +62,42 @@ def time_graph(graph: torch.cuda.CUDAGraph, warmup: int, repeats: int) -> list[f
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e-3)
     return samples
+
+
+class ClockSampler:
+    """SM clock (MHz) and board power (W) sampled by nvidia-smi while a block runs. Long calls hold the H200 at
+    its power cap, and the clock it then runs at belongs beside their times. Medians are None when nvidia-smi is
+    missing or the block was shorter than one sample."""
+
+    def __enter__(self) -> ClockSampler:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        pci = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
+        # this GPU by its PCI address where torch gives it (else every GPU's lines: fine on one-GPU machines)
+        only = ["-i", "{:08X}:{:02X}:{:02X}.0".format(*pci)] if all(isinstance(v, int) for v in pci) else []
+        query = ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "20"]
+        try:
+            self.proc = subprocess.Popen(query + only, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self.proc = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.samples = []
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=10)
+        for line in out.splitlines():
+            try:
+                clock, power = (float(v) for v in line.split(","))
+            except ValueError:
+                continue
+            self.samples.append((clock, power))
+
+    def medians(self) -> tuple[float | None, float | None]:
+        if not self.samples:
+            return None, None
+        return statistics.median(c for c, _ in self.samples), statistics.median(p for _, p in self.samples)
 
 
 def time_eager(fn, args: argparse.Namespace) -> float:
@@ -153,6 +190,10 @@ def capture(fn, pool_size: int) -> torch.cuda.CUDAGraph:
     return graph
 
 
+def _num(value: float | None) -> str:
+    return "" if value is None else f"{value:.0f}"
+
+
 def plot(rows: list[dict], path: Path, copy_bw: float, peer_name: str) -> None:
     import matplotlib
 
@@ -218,7 +259,9 @@ def main() -> None:
         plans = [Peer.plan(*r) for r in routes]
 
         graph = capture(lambda i, s: layer.forward(outs[i], xs[i], routes[i][0], routes[i][1], None, s), args.pool)
-        ours = statistics.median(time_graph(graph, args.warmup, args.repeats)) / args.pool
+        with ClockSampler() as clocks:
+            ours = statistics.median(time_graph(graph, args.warmup, args.repeats)) / args.pool
+        sm_mhz, watts = clocks.medians()
         del graph
         try:
             peer_graph = capture(lambda i, s: peer.forward(xs[i], plans[i], peer_outs[i]), args.pool)
@@ -239,12 +282,13 @@ def main() -> None:
             "m": m, "ms_per_call": ours * 1e3, "us_per_token": ours * 1e6 / m, "active_experts": active,
             "bytes_moved": moved, "achieved_gb_s": moved / ours / 1e9, "fraction_of_copy_bw": floor / ours,
             "floor_ms": floor * 1e3, "peer_ms_per_call": theirs * 1e3, "peer_fraction_of_copy_bw": floor / theirs,
-            "speedup_vs_peer": theirs / ours, "max_rel_diff_vs_peer": rel_diff,
+            "speedup_vs_peer": theirs / ours, "max_rel_diff_vs_peer": rel_diff, "sm_clock_mhz": sm_mhz,
+            "board_watts": watts,
         })
         r = rows[-1]
         print(f"M={m:5d}  {r['ms_per_call']:.4f} ms  {r['achieved_gb_s']:.0f} GB/s  "
               f"{r['fraction_of_copy_bw']:.1%} of copy  active {active:.1f}  peer {r['peer_ms_per_call']:.4f} ms "
-              f"({r['speedup_vs_peer']:.2f}x)  rel diff {rel_diff:.2e}")
+              f"({r['speedup_vs_peer']:.2f}x)  rel diff {rel_diff:.2e}  SM {_num(sm_mhz)} MHz {_num(watts)} W")
 
     targets = {
         f"fraction >= {TARGET_FRACTION} for M >= 90": all(r["fraction_of_copy_bw"] >= TARGET_FRACTION
@@ -267,13 +311,16 @@ def main() -> None:
         f"Per expert {expert_bytes / 1e6:.2f} MB (INT4 + bf16 group-32 scales); bytes moved = active experts x that "
         "+ hidden in + output out. Uniform random top-8 routing; CUDA graphs; median of "
         f"{args.repeats} replays after {args.warmup} warm-ups, each replay rotating {args.pool} input sets.", "",
-        "| M | ms / call | us / token | active experts | GB moved | GB/s | of copy BW | peer ms | vs peer |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "SM clock and board power: medians of nvidia-smi samples every 20 ms during our timed replays (blank when "
+        "the replays were shorter than a sample).", "",
+        "| M | ms / call | us / token | active experts | GB moved | GB/s | of copy BW | peer ms | vs peer | SM MHz | W |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(f"| {r['m']} | {r['ms_per_call']:.4f} | {r['us_per_token']:.2f} | {r['active_experts']:.1f} | "
                      f"{r['bytes_moved'] / 1e9:.3f} | {r['achieved_gb_s']:.0f} | {r['fraction_of_copy_bw']:.1%} | "
-                     f"{r['peer_ms_per_call']:.4f} | {r['speedup_vs_peer']:.2f}x |")
+                     f"{r['peer_ms_per_call']:.4f} | {r['speedup_vs_peer']:.2f}x | {_num(r['sm_clock_mhz'])} | "
+                     f"{_num(r['board_watts'])} |")
     lines += ["", "Targets: " + "; ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in targets.items()), ""]
     (args.out / "moe.md").write_text("\n".join(lines))
     plot(rows, args.out / "moe.png", copy_bw, peer.name)
