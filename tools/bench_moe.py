@@ -10,6 +10,8 @@ whole pool. Timing: CUDA events, warm-up, median over repeats. The floor is the 
 (active experts' INT4 weights and bf16 scales, hidden in, output out) at the device-to-device copy bandwidth
 measured in the same run (read + write bytes of a 4 GiB copy). The peer's routing sort (argsort, offsets)
 is prepared outside its graph; its timed part is gather, both grouped GEMMs, SiLU * up, weighting, scatter-add.
+Each M is also timed "sustained", after seconds of back-to-back replays, with the SM clock and board power beside
+it: large calls hold the H200 at its power cap, where a short burst still runs at the full clock.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import json
 import statistics
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +101,19 @@ class ClockSampler:
         if not self.samples:
             return None, None
         return statistics.median(c for c, _ in self.samples), statistics.median(p for _, p in self.samples)
+
+
+def time_sustained(graph: torch.cuda.CUDAGraph, args: argparse.Namespace) -> tuple[float, ClockSampler]:
+    """Median replay time after `args.heat` seconds of back-to-back replays: the state a serving GPU is in. Large
+    calls reach the board's power cap within that time and run at a lower SM clock than a short burst does."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < args.heat:
+        for _ in range(8):
+            graph.replay()
+        torch.cuda.synchronize()
+    with ClockSampler() as clocks:
+        median = statistics.median(time_graph(graph, 0, args.repeats))
+    return median, clocks
 
 
 def time_eager(fn, args: argparse.Namespace) -> float:
@@ -203,6 +219,7 @@ def plot(rows: list[dict], path: Path, copy_bw: float, peer_name: str) -> None:
     ms = [r["m"] for r in rows]
     fig, (ax_t, ax_f) = plt.subplots(1, 2, figsize=(12, 4.5))
     ax_t.plot(ms, [r["ms_per_call"] for r in rows], "o-", label="ddtree INT4 fused MoE")
+    ax_t.plot(ms, [r["sustained_ms_per_call"] for r in rows], "o:", label="ddtree, sustained")
     ax_t.plot(ms, [r["peer_ms_per_call"] for r in rows], "s--", label=f"peer: {peer_name}")
     ax_t.plot(ms, [r["floor_ms"] for r in rows], ":", color="gray", label="floor: bytes / copy bandwidth")
     ax_t.set(xscale="log", yscale="log", xlabel="tokens M", ylabel="ms per layer call",
@@ -210,6 +227,7 @@ def plot(rows: list[dict], path: Path, copy_bw: float, peer_name: str) -> None:
     ax_t.legend()
     ax_t.grid(True, which="both", alpha=0.3)
     ax_f.plot(ms, [r["fraction_of_copy_bw"] for r in rows], "o-", label="ddtree")
+    ax_f.plot(ms, [r["sustained_fraction_of_copy_bw"] for r in rows], "o:", label="ddtree, sustained")
     ax_f.plot(ms, [r["peer_fraction_of_copy_bw"] for r in rows], "s--", label="peer (same INT4 bytes)")
     ax_f.axhline(TARGET_FRACTION, color="red", ls=":", label=f"target {TARGET_FRACTION:.0%} (M >= 90)")
     ax_f.set(xscale="log", ylim=(0, 1.05), xlabel="tokens M",
@@ -225,6 +243,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results/moe"))
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--heat", type=float, default=2.0, help="seconds of replays before the sustained timing")
     parser.add_argument("--pool", type=int, default=4, help="(hidden, routing) sets rotated in each replay")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -259,18 +278,21 @@ def main() -> None:
         plans = [Peer.plan(*r) for r in routes]
 
         graph = capture(lambda i, s: layer.forward(outs[i], xs[i], routes[i][0], routes[i][1], None, s), args.pool)
-        with ClockSampler() as clocks:
-            ours = statistics.median(time_graph(graph, args.warmup, args.repeats)) / args.pool
+        ours = statistics.median(time_graph(graph, args.warmup, args.repeats)) / args.pool
+        ours_hot, clocks = time_sustained(graph, args)
+        ours_hot /= args.pool
         sm_mhz, watts = clocks.medians()
         del graph
         try:
             peer_graph = capture(lambda i, s: peer.forward(xs[i], plans[i], peer_outs[i]), args.pool)
             theirs = statistics.median(time_graph(peer_graph, args.warmup, args.repeats)) / args.pool
+            theirs_hot = time_sustained(peer_graph, args)[0] / args.pool
             del peer_graph
         except RuntimeError as err:  # a peer that cannot be captured is timed eagerly, and the report says so
             print(f"peer capture failed ({err}); timing it eagerly")
             peer.name += " (eager, not graph-captured)"
             theirs = time_eager(lambda i: peer.forward(xs[i], plans[i], peer_outs[i]), args) / args.pool
+            theirs_hot = theirs
         torch.cuda.synchronize()
         rel_diff = max(((o.float() - p.float()).abs().max() / p.float().abs().max()).item()
                        for o, p in zip(outs, peer_outs))
@@ -282,26 +304,36 @@ def main() -> None:
             "m": m, "ms_per_call": ours * 1e3, "us_per_token": ours * 1e6 / m, "active_experts": active,
             "bytes_moved": moved, "achieved_gb_s": moved / ours / 1e9, "fraction_of_copy_bw": floor / ours,
             "floor_ms": floor * 1e3, "peer_ms_per_call": theirs * 1e3, "peer_fraction_of_copy_bw": floor / theirs,
-            "speedup_vs_peer": theirs / ours, "max_rel_diff_vs_peer": rel_diff, "sm_clock_mhz": sm_mhz,
-            "board_watts": watts,
+            "speedup_vs_peer": theirs / ours, "max_rel_diff_vs_peer": rel_diff,
+            "sustained_ms_per_call": ours_hot * 1e3, "sustained_fraction_of_copy_bw": floor / ours_hot,
+            "sustained_peer_ms_per_call": theirs_hot * 1e3, "sustained_speedup_vs_peer": theirs_hot / ours_hot,
+            "sustained_sm_clock_mhz": sm_mhz, "sustained_board_watts": watts,
         })
         r = rows[-1]
         print(f"M={m:5d}  {r['ms_per_call']:.4f} ms  {r['achieved_gb_s']:.0f} GB/s  "
               f"{r['fraction_of_copy_bw']:.1%} of copy  active {active:.1f}  peer {r['peer_ms_per_call']:.4f} ms "
-              f"({r['speedup_vs_peer']:.2f}x)  rel diff {rel_diff:.2e}  SM {_num(sm_mhz)} MHz {_num(watts)} W")
+              f"({r['speedup_vs_peer']:.2f}x)  rel diff {rel_diff:.2e}  sustained {r['sustained_ms_per_call']:.4f} ms "
+              f"{r['sustained_fraction_of_copy_bw']:.1%} ({r['sustained_speedup_vs_peer']:.2f}x) "
+              f"SM {_num(sm_mhz)} MHz {_num(watts)} W", flush=True)
 
-    targets = {
-        f"fraction >= {TARGET_FRACTION} for M >= 90": all(r["fraction_of_copy_bw"] >= TARGET_FRACTION
-                                                         for r in rows if r["m"] >= 90),
-        f"M=1 <= {TARGET_M1_US} us": rows[0]["ms_per_call"] * 1e3 <= TARGET_M1_US,
-        f"M=9 <= {TARGET_M9_US} us": next(r for r in rows if r["m"] == 9)["ms_per_call"] * 1e3 <= TARGET_M9_US,
-        f">= {TARGET_PEER_RATIO}x the peer at every M": all(r["speedup_vs_peer"] >= TARGET_PEER_RATIO for r in rows),
-    }
+    def targets_met(prefix: str) -> dict[str, bool]:
+        m9 = next(r for r in rows if r["m"] == 9)
+        return {
+            f"fraction >= {TARGET_FRACTION} for M >= 90": all(r[prefix + "fraction_of_copy_bw"] >= TARGET_FRACTION
+                                                             for r in rows if r["m"] >= 90),
+            f"M=1 <= {TARGET_M1_US} us": rows[0][prefix + "ms_per_call"] * 1e3 <= TARGET_M1_US,
+            f"M=9 <= {TARGET_M9_US} us": m9[prefix + "ms_per_call"] * 1e3 <= TARGET_M9_US,
+            f">= {TARGET_PEER_RATIO}x the peer at every M": all(r[prefix + "speedup_vs_peer"] >= TARGET_PEER_RATIO
+                                                               for r in rows),
+        }
+
+    targets, sustained_targets = targets_met(""), targets_met("sustained_")
     report = {
         "bench": "moe", "device": str(device_info()), "torch": torch.__version__, "peer": peer.name,
         "shape": {"hidden": HIDDEN, "inter": INTER, "experts": EXPERTS, "topk": TOPK, "group": GROUP},
         "expert_bytes": expert_bytes, "copy_bandwidth_bytes_per_s": copy_bw, "repeats": args.repeats,
-        "warmup": args.warmup, "pool": args.pool, "rows": rows, "targets_met": targets,
+        "warmup": args.warmup, "pool": args.pool, "heat_seconds": args.heat, "rows": rows, "targets_met": targets,
+        "sustained_targets_met": sustained_targets,
     }
     (args.out / "moe.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
@@ -311,17 +343,24 @@ def main() -> None:
         f"Per expert {expert_bytes / 1e6:.2f} MB (INT4 + bf16 group-32 scales); bytes moved = active experts x that "
         "+ hidden in + output out. Uniform random top-8 routing; CUDA graphs; median of "
         f"{args.repeats} replays after {args.warmup} warm-ups, each replay rotating {args.pool} input sets.", "",
-        "SM clock and board power: medians of nvidia-smi samples every 20 ms during our timed replays (blank when "
-        "the replays were shorter than a sample).", "",
-        "| M | ms / call | us / token | active experts | GB moved | GB/s | of copy BW | peer ms | vs peer | SM MHz | W |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"Sustained: the same replays timed again after {args.heat:.1f} s of back-to-back replays (ours and the "
+        "peer's alike), the state of a GPU that serves without pause: large calls then run at the board's power "
+        "cap and a lower SM clock. SM clock and board power: medians of nvidia-smi samples every 20 ms during our "
+        "sustained timing.", "",
+        "| M | ms / call | us / token | active experts | GB moved | GB/s | of copy BW | peer ms | vs peer | "
+        "sustained ms | of copy BW | vs peer | SM MHz | W |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(f"| {r['m']} | {r['ms_per_call']:.4f} | {r['us_per_token']:.2f} | {r['active_experts']:.1f} | "
                      f"{r['bytes_moved'] / 1e9:.3f} | {r['achieved_gb_s']:.0f} | {r['fraction_of_copy_bw']:.1%} | "
-                     f"{r['peer_ms_per_call']:.4f} | {r['speedup_vs_peer']:.2f}x | {_num(r['sm_clock_mhz'])} | "
-                     f"{_num(r['board_watts'])} |")
-    lines += ["", "Targets: " + "; ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in targets.items()), ""]
+                     f"{r['peer_ms_per_call']:.4f} | {r['speedup_vs_peer']:.2f}x | "
+                     f"{r['sustained_ms_per_call']:.4f} | {r['sustained_fraction_of_copy_bw']:.1%} | "
+                     f"{r['sustained_speedup_vs_peer']:.2f}x | {_num(r['sustained_sm_clock_mhz'])} | "
+                     f"{_num(r['sustained_board_watts'])} |")
+    for label, met in (("Targets", targets), ("Targets, sustained", sustained_targets)):
+        lines += ["", f"{label}: " + "; ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in met.items())]
+    lines.append("")
     (args.out / "moe.md").write_text("\n".join(lines))
     plot(rows, args.out / "moe.png", copy_bw, peer.name)
     print("\n".join(lines))
