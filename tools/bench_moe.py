@@ -70,7 +70,7 @@ def time_graph(graph: torch.cuda.CUDAGraph, warmup: int, repeats: int) -> list[f
 class ClockSampler:
     """SM clock (MHz) and board power (W) sampled by nvidia-smi while a block runs. Long calls hold the H200 at
     its power cap, and the clock it then runs at belongs beside their times. Medians are None when nvidia-smi is
-    missing or the block was shorter than one sample."""
+    missing."""
 
     def __enter__(self) -> ClockSampler:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -98,20 +98,22 @@ class ClockSampler:
             self.samples.append((clock, power))
 
     def medians(self) -> tuple[float | None, float | None]:
-        if not self.samples:
+        """Medians over the second half of the samples: the state the block settled in."""
+        late = self.samples[len(self.samples) // 2:]
+        if not late:
             return None, None
-        return statistics.median(c for c, _ in self.samples), statistics.median(p for _, p in self.samples)
+        return statistics.median(c for c, _ in late), statistics.median(p for _, p in late)
 
 
 def time_sustained(graph: torch.cuda.CUDAGraph, args: argparse.Namespace) -> tuple[float, ClockSampler]:
     """Median replay time after `args.heat` seconds of back-to-back replays: the state a serving GPU is in. Large
     calls reach the board's power cap within that time and run at a lower SM clock than a short burst does."""
-    start = time.perf_counter()
-    while time.perf_counter() - start < args.heat:
-        for _ in range(8):
-            graph.replay()
-        torch.cuda.synchronize()
-    with ClockSampler() as clocks:
+    with ClockSampler() as clocks:  # nvidia-smi starts slowly: it samples the heat-up too (medians skip its start)
+        start = time.perf_counter()
+        while time.perf_counter() - start < args.heat:
+            for _ in range(8):
+                graph.replay()
+            torch.cuda.synchronize()
         median = statistics.median(time_graph(graph, 0, args.repeats))
     return median, clocks
 
@@ -345,8 +347,8 @@ def main() -> None:
         f"{args.repeats} replays after {args.warmup} warm-ups, each replay rotating {args.pool} input sets.", "",
         f"Sustained: the same replays timed again after {args.heat:.1f} s of back-to-back replays (ours and the "
         "peer's alike), the state of a GPU that serves without pause: large calls then run at the board's power "
-        "cap and a lower SM clock. SM clock and board power: medians of nvidia-smi samples every 20 ms during our "
-        "sustained timing.", "",
+        "cap and a lower SM clock. SM clock and board power: medians of nvidia-smi samples every 20 ms over the "
+        "second half of our heat-up and sustained timing.", "",
         "| M | ms / call | us / token | active experts | GB moved | GB/s | of copy BW | peer ms | vs peer | "
         "sustained ms | of copy BW | vs peer | SM MHz | W |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
