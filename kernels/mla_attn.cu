@@ -132,7 +132,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int nkeys = min(kMlaChunk, len - key0);
     const int ntiles = (nkeys + kTileKeys - 1) / kTileKeys;
     const int first_key_row = kv_start[row] + key0;  // cache row of the chunk's first key
-    const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int tid = threadIdx.x, lane = tid % 32, g = lane / 4, t = lane % 4;
+    // Warp-uniform by broadcast, so the compiler keeps per-warpgroup values (tile counters, wgmma descriptors) in
+    // uniform registers instead of moving each descriptor over with R2UR before every wgmma.
+    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), warp = __shfl_sync(0xffffffffu, (tid / 32) % 4, 0);
 
     // Swizzled operands need 1024-byte-aligned blocks (the swizzle acts on address bits 4-9).
     extern __shared__ __align__(16) unsigned char smem_raw[];
