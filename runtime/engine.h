@@ -7,9 +7,9 @@
 #include <array>
 #include <cstdint>
 #include <map>
-#include <utility>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine_weights.h"
