@@ -355,6 +355,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 __global__ void mla_merge_kernel(bf16* out, const float* part_o, const float* part_ml, const int32_t* kv_len,
                                  int heads, int dl, int max_chunks) {
     grid_dependency_wait();  // the partials come from the chunk kernel just before
+    allow_dependent_launch();  // the projection after attention may stream its weights during the merge
     const int row = blockIdx.x, head = blockIdx.y;
     const int chunks = (kv_len[row] + kMlaChunk - 1) / kMlaChunk;
     const int64_t first = static_cast<int64_t>(row) * max_chunks;

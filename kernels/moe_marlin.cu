@@ -537,14 +537,12 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(bf16* __restrict__
     }
 }
 
-}  // namespace
-
 // The workspace's one layout: buffers at 256-byte boundaries from `base` (null: offsets only). Returns the bytes.
 size_t layout_workspace(uint8_t* base, int experts, int hidden, int inter, int topk, int max_tokens, Workspace* ws) {
     const size_t pairs = static_cast<size_t>(max_tokens) * topk;
     size_t offset = 0;
     auto take = [&](size_t bytes) {
-        uint8_t* at = base + offset;
+        uint8_t* at = base != nullptr ? base + offset : nullptr;
         offset += (bytes + 255) / 256 * 256;
         return at;
     };
@@ -556,6 +554,8 @@ size_t layout_workspace(uint8_t* base, int experts, int hidden, int inter, int t
     ws->contrib = reinterpret_cast<float*>(take(pairs * hidden * 4));
     return offset;
 }
+
+}  // namespace
 
 size_t workspace_bytes(int experts, int hidden, int inter, int topk, int max_tokens) {
     Workspace offsets_only;

@@ -36,7 +36,6 @@ constexpr int kPairedMaxTiles = 4;    // blocks of at most 4 x 8 tokens may run 
 constexpr int kMaxExperts = 1024;     // one routing thread per expert
 constexpr int kMaxTopk = 16;
 
-// Sizes that hold for every supported shape: hidden % 128 == 0, inter % 128 == 0.
 #if defined(__CUDACC__)
 // Whether a (token, slot) pair goes to its expert: an id in range that the mask keeps (nullptr keeps all). The
 // alignment, the GEMM and the combine must agree on it, or a token's sum would depend on the call.
@@ -45,8 +44,13 @@ __device__ __forceinline__ bool routed(int e, int experts, const uint8_t* mask) 
 }
 #endif
 
+// Sizes that hold for every supported shape: hidden % 128 == 0, inter % 128 == 0.
 inline bool shape_supported(int hidden, int inter) {
     return hidden > 0 && inter > 0 && hidden % kStageK == 0 && inter % kStageK == 0;
+}
+// Whether the fused MoE takes a layer of this shape (MoeLayer's constructor names the bound that fails).
+inline bool layer_supported(int hidden, int inter, int experts, int topk) {
+    return shape_supported(hidden, inter) && experts >= 1 && experts <= kMaxExperts && topk >= 1 && topk <= kMaxTopk;
 }
 inline size_t w13_bytes_per_expert(int hidden, int inter) {
     return static_cast<size_t>(2 * inter / kStripeRows) * (hidden / kStageK) * kStageBytes;

@@ -42,11 +42,7 @@ __global__ void __launch_bounds__(kThreads)
 
 cudaError_t rmsnorm(bf16* out, const bf16* x, const bf16* weight, int rows, int dim, float eps,
                     cudaStream_t stream) {
-    if (rows == 0) {
-        return cudaSuccess;
-    }
-    rmsnorm_kernel<false><<<rows, kThreads, 0, stream>>>(out, dim, nullptr, x, dim, nullptr, weight, dim, eps);
-    return cudaGetLastError();
+    return rmsnorm_strided(out, dim, x, dim, weight, rows, dim, eps, stream);
 }
 
 cudaError_t rmsnorm_strided(bf16* out, int64_t out_ld, const bf16* x, int64_t x_ld, const bf16* weight, int rows,
@@ -60,11 +56,7 @@ cudaError_t rmsnorm_strided(bf16* out, int64_t out_ld, const bf16* x, int64_t x_
 
 cudaError_t add_rmsnorm(bf16* out, bf16* residual, const bf16* delta, const bf16* weight, int rows, int dim,
                         float eps, cudaStream_t stream) {
-    if (rows == 0) {
-        return cudaSuccess;
-    }
-    rmsnorm_kernel<true><<<rows, kThreads, 0, stream>>>(out, dim, residual, delta, dim, nullptr, weight, dim, eps);
-    return cudaGetLastError();
+    return add2_rmsnorm(out, residual, delta, nullptr, weight, rows, dim, eps, stream);
 }
 
 cudaError_t add2_rmsnorm(bf16* out, bf16* residual, const bf16* delta, const bf16* delta2, const bf16* weight,

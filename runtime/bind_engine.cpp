@@ -8,6 +8,7 @@
 
 #include "bindings.h"
 #include "engine.h"
+#include "tensor_args.h"
 
 namespace nb = nanobind;
 
@@ -40,14 +41,6 @@ const T* host_data(const HostArray& a, const char* name, nb::dlpack::dtype dtype
         throw nb::value_error((std::string("argument '") + name + "' has the wrong dtype").c_str());
     }
     return static_cast<const T*>(a.data());
-}
-
-// A numpy array that owns `values` (moved, not copied).
-template <typename T>
-nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& values, std::initializer_list<size_t> shape) {
-    auto* owned = new std::vector<T>(std::move(values));
-    nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-    return nb::ndarray<nb::numpy, T>(owned->data(), shape, owner);
 }
 
 }  // namespace

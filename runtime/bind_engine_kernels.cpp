@@ -2,7 +2,6 @@
 // the benchmark: each checks its CUDA arrays, launches on the default stream and raises on any CUDA error.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
-#include <nanobind/stl/vector.h>
 
 #include <string>
 
@@ -187,7 +186,7 @@ void experts_int4(CudaArray out, CudaArray act, CudaArray x, CudaArray ids, Cuda
         checked<const k::bf16>(up_scale, "up_scale", DType::bf16, {experts, inter, hidden / 32}),
         checked<const int32_t>(down_packed, "down_packed", DType::i32, {experts, hidden, inter / 8}),
         checked<const k::bf16>(down_scale, "down_scale", DType::bf16, {experts, hidden, inter / 32}),
-        experts, hidden, inter};
+        hidden, inter};
     CUDA_CHECK(k::experts_int4_forward(checked<k::bf16>(out, "out", DType::bf16, {tokens, hidden}),
                                        checked<k::bf16>(act, "act", DType::bf16, {tokens * topk, inter}),
                                        checked<const k::bf16>(x, "x", DType::bf16, {tokens, hidden}),

@@ -40,15 +40,13 @@ void check_host(const HostArray& a, const char* name, bool dtype_ok, const char*
 }
 
 template <typename T>
-NumpyArray<T> new_numpy(std::vector<size_t> shape) {
+NumpyArray<T> new_numpy(std::initializer_list<size_t> shape) {
     size_t n = 1;
     for (size_t s : shape) n *= s;
-    T* data = new T[n];
-    nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<T*>(p); });
-    return NumpyArray<T>(data, shape.size(), shape.data(), owner);
+    return to_numpy(std::vector<T>(n), shape);
 }
 
-// A projection [E, rows, cols] in checkpoint format; returns (E, rows, cols).
+// A projection [E, rows, cols] in checkpoint format, checked; returns its packed words and scale bits.
 moe::PackedProjection projection(const HostArray& packed, const HostArray& scale, const char* packed_name,
                                  const char* scale_name, int64_t rows, int64_t cols, int64_t experts) {
     check_host(packed, packed_name, packed.dtype() == nb::dtype<int32_t>(), "int32", {experts, rows, cols / 8});

@@ -166,13 +166,18 @@ Engine::~Engine() {
     cudaStreamDestroy(stream_);
 }
 
+// Scratch of the plain INT4 expert path; the fused MoE layers have their own workspace.
+size_t Engine::expert_act_elems() const {
+    return Weights::marlin_supported(dims_) ? 0 : static_cast<size_t>(max_rows_) * dims_.topk * dims_.moe_inter;
+}
+
 // The bytes allocate_buffers takes besides the KV cache (counted apart by the pre-flight), buffer by buffer.
 size_t Engine::device_bytes() const {
     const ModelDims& d = dims_;
     const size_t r = max_rows_;
     const size_t bf = r * (5 * d.hidden + d.qkv_a() + d.q_lora + d.heads * d.qk() + d.heads * d.latent_row() +
-                           d.heads * d.kv_lora + d.heads * d.v + std::max(d.inter, d.shared_inter) +
-                           d.topk * d.moe_inter);
+                           d.heads * d.kv_lora + d.heads * d.v + std::max(d.inter, d.shared_inter)) +
+                      expert_act_elems();
     const auto [ws, counters] = gemm_scratch(d, static_cast<int>(r));
     const size_t f32 = r * (d.experts + d.topk + d.vocab) + 1 + ws + d.rope / 2 +
                        k::mla_workspace_floats({d.heads, d.kv_lora, d.rope}, static_cast<int>(r), max_context_);
@@ -204,7 +209,7 @@ void Engine::allocate_buffers() {
     delta_ = bf(r * d.hidden);
     delta2_ = bf(r * d.hidden);
     act_ = bf(r * std::max(d.inter, d.shared_inter));
-    expert_act_ = bf(r * d.topk * d.moe_inter);
+    expert_act_ = expert_act_elems() > 0 ? bf(expert_act_elems()) : nullptr;
     hsel_ = bf(r * d.hidden);
     kv_cache_ = bf(static_cast<size_t>(d.layers) * streams_ * max_context_ * d.latent_row());
     router_logits_ = f32(r * d.experts);
@@ -228,6 +233,10 @@ void Engine::allocate_buffers() {
         *rows = RowBuffers{base, base + r, base + 2 * r, base + 3 * r, base + 4 * r,
                            base + 5 * r, base + 6 * r, base + 7 * r, base + 8 * r};
     }
+    // A decode step's logit rows are its stream rows, and their sampling keys the live positions, which
+    // advance_decode moves on the device between replays.
+    decode_rows_.logit_stream_ids = decode_rows_.stream_ids;
+    decode_rows_.logit_positions = decode_rows_.positions;
     float* inv_freq = f32(d.rope / 2);
     // On the engine's stream, like every upload: a pageable cudaMemcpy may return before its DMA lands.
     CUDA_CHECK(cudaMemcpyAsync(inv_freq, rope_.inv_freq.data(), rope_.inv_freq.size() * 4, cudaMemcpyHostToDevice,
@@ -271,7 +280,8 @@ void Engine::upload_rows(const RowBuffers& rows, const std::vector<int32_t>& ids
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-void Engine::forward(const RowBuffers& rows, int n, int n_logits, int span, Timeline* timeline) {
+void Engine::forward(const RowBuffers& rows, int n, int n_logits, int span, Timeline* timeline,
+                     bool capture_routing) {
     const ModelDims& d = dims_;
     const Weights& w = *weights_;
     cudaStream_t s = stream_;
@@ -347,7 +357,7 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, int span, Time
             CUDA_CHECK(k::route_topk(topk_ids_, topk_weights_, router_logits_, lw.router_bias, n, d.experts, d.topk,
                                      d.norm_topk_prob, s));
         });
-        if (capture_routing_) {
+        if (capture_routing) {
             const size_t ids = static_cast<size_t>(n) * d.topk;
             CUDA_CHECK(cudaMemcpyAsync(routing_ + (l - d.first_dense) * ids, topk_ids_, ids * sizeof(int32_t),
                                        cudaMemcpyDeviceToDevice, s));
@@ -424,7 +434,7 @@ std::vector<int32_t> Engine::prefill(const std::vector<std::vector<int32_t>>& pr
         upload_rows(eager_rows_, c_ids, c_streams, c_pos, last);
         const int longest = *std::max_element(c_pos.begin(), c_pos.end()) + 1;
         forward(eager_rows_, static_cast<int>(c_ids.size()), static_cast<int>(last.size()), attention_span(longest),
-                nullptr);
+                nullptr, false);
         if (!last.empty()) {
             sample(eager_rows_, static_cast<int>(last.size()));
             std::vector<int32_t> chosen(last.size());
@@ -437,18 +447,9 @@ std::vector<int32_t> Engine::prefill(const std::vector<std::vector<int32_t>>& pr
 }
 
 void Engine::set_decode_state(const std::vector<int32_t>& ids, const std::vector<int32_t>& positions, int n) {
-    std::vector<int32_t> streams(n), all(n);
+    std::vector<int32_t> streams(n);
     std::iota(streams.begin(), streams.end(), 0);
-    std::iota(all.begin(), all.end(), 0);
-    upload_rows(decode_rows_, ids, streams, positions, all);
-}
-
-// The logit rows of a decode step are its stream rows; their sampling keys are the live positions.
-RowBuffers Engine::decode_step_rows() const {
-    RowBuffers rows = decode_rows_;
-    rows.logit_stream_ids = decode_rows_.stream_ids;
-    rows.logit_positions = decode_rows_.positions;
-    return rows;
+    upload_rows(decode_rows_, ids, streams, positions, streams);  // stream i is row i, and every row has logits
 }
 
 int Engine::attention_span(int longest) const {
@@ -462,12 +463,11 @@ Engine::Graph& Engine::decode_graph(int n, int span) {
     if (it != graphs_.end()) {
         return it->second;
     }
-    const RowBuffers rows = decode_step_rows();
     Graph g;
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
     try {
-        forward(rows, n, n, span, nullptr);
-        sample(rows, n);
+        forward(decode_rows_, n, n, span, nullptr, false);
+        sample(decode_rows_, n);
         CUDA_CHECK(k::advance_decode(decode_rows_.ids, decode_rows_.positions, decode_rows_.kv_len, decode_rows_.slots,
                                      decode_rows_.kv_start, tokens_, history_, max_steps_, step_, n, stream_));
     } catch (...) {
@@ -538,12 +538,8 @@ std::vector<float> Engine::forward_logits(const std::vector<int32_t>& ids, const
     std::vector<int32_t> all(n);
     std::iota(all.begin(), all.end(), 0);
     upload_rows(eager_rows_, ids, streams, positions, all);
-    struct CaptureScope {
-        bool& flag;
-        ~CaptureScope() { flag = false; }
-    } capture{capture_routing_};
-    capture_routing_ = routing != nullptr;
-    forward(eager_rows_, n, n, attention_span(*std::max_element(positions.begin(), positions.end()) + 1), nullptr);
+    forward(eager_rows_, n, n, attention_span(*std::max_element(positions.begin(), positions.end()) + 1), nullptr,
+            routing != nullptr);
     std::vector<float> logits(static_cast<size_t>(n) * dims_.vocab);
     CUDA_CHECK(cudaMemcpyAsync(logits.data(), logits_, logits.size() * 4, cudaMemcpyDeviceToHost, stream_));
     if (routing != nullptr) {
@@ -587,7 +583,8 @@ std::pair<double, double> Engine::time_decode(int n, const std::vector<int32_t>&
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     CUDA_CHECK(cudaEventRecord(start, stream_));
     double host = 0.0;
-    for (int i = 0; i < std::min(iters, max_steps_ - 1); ++i) {
+    const int done = std::min(iters, max_steps_ - 1);
+    for (int i = 0; i < done; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
         CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
         host += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -598,7 +595,6 @@ std::pair<double, double> Engine::time_decode(int n, const std::vector<int32_t>&
     CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
-    const int done = std::min(iters, max_steps_ - 1);
     return {ms * 1e-3 / done, host / done};
 }
 
@@ -612,13 +608,13 @@ StepProfile Engine::profile_step(int n, const std::vector<int32_t>& positions, i
     std::iota(streams.begin(), streams.end(), 0);
     check_rows(streams, positions);
     std::map<std::string, double> seconds;
+    set_decode_state(ids, positions, n);  // an eager step leaves the rows as they are
+    const int span = attention_span(*std::max_element(positions.begin(), positions.end()) + 1);
     for (int i = 0; i <= iters; ++i) {
-        set_decode_state(ids, positions, n);
-        const RowBuffers rows = decode_step_rows();
         Timeline timeline(stream_);
         CUDA_CHECK(cudaLaunchHostFunc(stream_, hold_stream, nullptr));
-        forward(rows, n, n, attention_span(*std::max_element(positions.begin(), positions.end()) + 1), &timeline);
-        timeline.op("sample", [&] { sample(rows, n); });
+        forward(decode_rows_, n, n, span, &timeline, false);
+        timeline.op("sample", [&] { sample(decode_rows_, n); });
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         if (i > 0) timeline.accumulate(seconds);  // the first pass warms up
     }

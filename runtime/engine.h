@@ -79,13 +79,15 @@ class Engine {
     class Timeline;
 
     void allocate_buffers();
+    size_t expert_act_elems() const;
     void upload_rows(const RowBuffers& rows, const std::vector<int32_t>& ids, const std::vector<int32_t>& streams,
                      const std::vector<int32_t>& positions, const std::vector<int32_t>& logit_rows);
-    // `span` bounds every row's kv_len: attention launches a chunk CTA per 512 keys of it for each row.
-    void forward(const RowBuffers& rows, int n_rows, int n_logit_rows, int span, Timeline* timeline);
+    // `span` bounds every row's kv_len: attention launches a chunk CTA per 512 keys of it for each row. With
+    // capture_routing, each MoE layer's expert choices are copied to routing_.
+    void forward(const RowBuffers& rows, int n_rows, int n_logit_rows, int span, Timeline* timeline,
+                 bool capture_routing);
     void sample(const RowBuffers& rows, int n_logit_rows);
     void set_decode_state(const std::vector<int32_t>& ids, const std::vector<int32_t>& positions, int n);
-    RowBuffers decode_step_rows() const;
     // The attention span for rows of kv_len <= longest: whole key chunks, rounded up to a quarter of the power of
     // two below `longest` (at most 25% spare keys; four decode graphs per doubling of a stream's context), and
     // at most max_context. CTAs past a row's length exit at once, but a grid sized by max_context launched
@@ -113,7 +115,6 @@ class Engine {
     int32_t *topk_ids_ = nullptr, *gemm_counters_ = nullptr, *tokens_ = nullptr, *history_ = nullptr;
     int32_t* step_ = nullptr;
     int32_t* routing_ = nullptr;  // [moe layers][max_rows][topk]: expert choices of an eager forward
-    bool capture_routing_ = false;
     float* temperature_ = nullptr;
     float* rope_device_ = nullptr;  // inv_freq table
     unsigned long long* seed_ = nullptr;

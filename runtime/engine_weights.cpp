@@ -25,8 +25,7 @@ Weights::ExpertProjectionBytes Weights::expert_projection_bytes(const ModelDims&
 }
 
 bool Weights::marlin_supported(const ModelDims& d) {
-    return k::moe::shape_supported(d.hidden, d.moe_inter) && d.experts <= k::moe::kMaxExperts &&
-           d.topk <= k::moe::kMaxTopk;
+    return k::moe::layer_supported(d.hidden, d.moe_inter, d.experts, d.topk);
 }
 
 size_t Weights::planned_bytes(const ModelDims& d, int max_tokens) {
@@ -119,7 +118,7 @@ Weights::Weights(const ModelDims& d, int device, int max_tokens, cudaStream_t st
                 w.plain = k::Int4Experts{static_cast<int32_t*>(alloc_bytes(packed)), scale_buffer(),
                                          static_cast<int32_t*>(alloc_bytes(packed)), scale_buffer(),
                                          static_cast<int32_t*>(alloc_bytes(packed)), scale_buffer(),
-                                         d.experts, d.hidden, d.moe_inter};
+                                         d.hidden, d.moe_inter};
             }
         }
     } catch (...) {
@@ -225,12 +224,14 @@ void Weights::upload_expert(int layer, int expert, const int32_t* gate_packed, c
     CUDA_CHECK(cudaSetDevice(device_));
     LayerWeights& w = layers[layer];
     if (w.marlin) {
-        std::vector<uint8_t> w13(moe::repacked_w13_bytes(d.hidden, d.moe_inter));
-        std::vector<uint8_t> w2(moe::repacked_w2_bytes(d.hidden, d.moe_inter));
-        moe::repack_w13({gate_packed, gate_scale}, {up_packed, up_scale}, 1, d.hidden, d.moe_inter, w13.data());
-        moe::repack_w2({down_packed, down_scale}, 1, d.hidden, d.moe_inter, w2.data());
-        w.marlin->set_experts(expert, 1, w13.data(), w2.data(), stream_);
-        CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host buffers die here
+        // Sized at the first expert and reused: a fresh zero-filled 25 MB per expert (K2) cost load time.
+        w13_repacked_.resize(moe::repacked_w13_bytes(d.hidden, d.moe_inter));
+        w2_repacked_.resize(moe::repacked_w2_bytes(d.hidden, d.moe_inter));
+        moe::repack_w13({gate_packed, gate_scale}, {up_packed, up_scale}, 1, d.hidden, d.moe_inter,
+                        w13_repacked_.data());
+        moe::repack_w2({down_packed, down_scale}, 1, d.hidden, d.moe_inter, w2_repacked_.data());
+        w.marlin->set_experts(expert, 1, w13_repacked_.data(), w2_repacked_.data(), stream_);
+        CUDA_CHECK(cudaStreamSynchronize(stream_));  // the next expert's repack overwrites these host bytes
     } else {
         const auto [packed, scales] = expert_projection_bytes(d);
         auto copy = [&](const void* dst_base, const void* src, size_t bytes) {

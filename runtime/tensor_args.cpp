@@ -2,7 +2,6 @@
 
 #include <cuda_runtime.h>
 
-#include <stdexcept>
 #include <string>
 
 #include "cuda_check.h"

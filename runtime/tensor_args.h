@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ddtree {
 
@@ -31,5 +33,13 @@ T* checked(const CudaArray& array, const char* name, DType dtype, std::initializ
 
 // Checks that every given array lives on one device and makes it current; returns that device.
 int same_device(std::initializer_list<const CudaArray*> arrays);
+
+// A numpy array that owns `values` (moved, not copied), of the given shape.
+template <typename T>
+nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& values, std::initializer_list<size_t> shape) {
+    auto* owned = new std::vector<T>(std::move(values));
+    nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+    return nb::ndarray<nb::numpy, T>(owned->data(), shape, owner);
+}
 
 }  // namespace ddtree

@@ -18,11 +18,12 @@ from ddtree import bf16
 from ddtree.checkpoint import Checkpoint, open_checkpoint
 from ddtree.config import ModelConfig
 from ddtree.errors import RequestError
+# HF and DeepSeek build q_a_layernorm / kv_a_layernorm with RMSNorm's default eps (see reference.mla).
 from ddtree.reference.mla import LORA_NORM_EPS
+from ddtree.reference.model import check_token_ids
 from ddtree.reference.rope import Rope
 from ddtree.results import GenerationResult
 
-# HF and DeepSeek build q_a_layernorm / kv_a_layernorm with RMSNorm's default eps (see reference.mla).
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
@@ -84,10 +85,10 @@ def validate_request(prompts: Sequence[Sequence[int]], max_new_tokens: int, temp
         ids = np.asarray(prompt)
         if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
             raise RequestError(f"prompt {i} must be a non-empty sequence of integer token ids")
-        bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
-        if bad.size:
-            raise RequestError(f"prompt {i}: token id {ids[bad[0]]} at position {bad[0]} is outside the "
-                               f"vocabulary [0, {vocab_size})")
+        try:
+            check_token_ids(ids, vocab_size)
+        except RequestError as err:
+            raise RequestError(f"prompt {i}: {err}") from None
         if ids.size + max_new_tokens > max_context:
             raise RequestError(f"prompt {i}: {ids.size} tokens + {max_new_tokens} new tokens exceed max_context "
                                f"{max_context}")
