@@ -123,6 +123,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     using T = Tile<DL, DR>;
     constexpr int D = T::D, kRowChunks = D / 8;
     allow_dependent_launch();  // the merge kernel may start early; it waits for this grid before reading
+    grid_dependency_wait();    // launched as a dependent: queries, lengths and cache rows come from earlier kernels
     const int chunk = blockIdx.x, row = blockIdx.y, h0 = blockIdx.z * kHeads;
     const int len = kv_len[row];
     const int key0 = chunk * kMlaChunk;
@@ -421,10 +422,9 @@ cudaError_t launch(bf16* out, const bf16* q, const bf16* cache, int64_t cache_ro
     static std::atomic<uint64_t> configured{0};
     DDTREE_RETURN_IF_ERROR(opt_in_smem(mla_chunk_kernel<DL, DR>, static_cast<int>(T::bytes), configured));
     const dim3 grid(max_chunks, rows, (heads + kHeads - 1) / kHeads);
-    mla_chunk_kernel<DL, DR><<<grid, kThreads, T::bytes, stream>>>(cache_map, q, kv_start, kv_len, heads,
-                                                                   softmax_scale * kLog2e, part_o, part_ml,
-                                                                   max_chunks);
-    DDTREE_RETURN_IF_ERROR(cudaGetLastError());
+    DDTREE_RETURN_IF_ERROR(launch_dependent(mla_chunk_kernel<DL, DR>, grid, dim3(kThreads), T::bytes, stream,
+                                            cache_map, q, kv_start, kv_len, heads, softmax_scale * kLog2e, part_o,
+                                            part_ml, max_chunks));
     const int merge_threads = DL / 4 < 128 ? 32 : 128;
     return launch_dependent(mla_merge_kernel, dim3(rows, heads), dim3(merge_threads), 0, stream, out, part_o,
                             part_ml, kv_len, heads, DL, max_chunks);

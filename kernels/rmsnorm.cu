@@ -1,41 +1,86 @@
-// RMSNorm kernels. Rows are independent; each CTA reduces one row with a fixed tree whose shape
-// depends on `dim` and the block size only.
+// RMSNorm kernels: one CTA per row, the row held in registers (row_norm.cuh), so a row costs one read and one
+// write of each array. Rows are independent; the reduction order depends on `dim` only.
 #include "rmsnorm.cuh"
+
+#include "row_norm.cuh"
 
 namespace ddtree::kernels {
 namespace {
 
-constexpr int kThreads = 256;
+struct NormArgs {
+    bf16* out;
+    int64_t out_ld;
+    bf16* residual;  // [rows, dim], updated in place when the residual add is fused
+    const bf16* x;
+    int64_t x_ld;
+    const bf16* x2;  // optional second delta of the fused add
+    const bf16* weight;
+    int rows, dim;
+    float eps;
+};
+
+template <int G, bool kVector, bool kFuseResidual>
+__global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(const NormArgs a) {
+    allow_dependent_launch();  // a dependent GEMM next may start its weight prefetch during this kernel
+    grid_dependency_wait();  // launched as a dependent: inputs and outputs belong to earlier kernels until here
+    const int64_t row = blockIdx.x;
+    const bf16* xr = a.x + row * a.x_ld;
+    // Every load is issued before any store: a store to the residual could alias the next group's loads, and the
+    // compiler would otherwise wait out one memory round trip per group.
+    float v[G][kNormVec];
+    load_row<G, kVector>(v, xr, a.dim);
+    if constexpr (kFuseResidual) {
+        // residual + delta (+ delta2) in fp32, rounded once; the norm reads the rounded sum.
+        bf16* res = a.residual + row * a.dim;
+        float r[G][kNormVec];
+        load_row<G, kVector>(r, res, a.dim);
+        if (a.x2 != nullptr) {
+            float v2[G][kNormVec];
+            load_row<G, kVector>(v2, a.x2 + row * a.x_ld, a.dim);
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+#pragma unroll
+                for (int j = 0; j < kNormVec; ++j) v[g][j] = (r[g][j] + v[g][j]) + v2[g][j];
+            }
+        } else {
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+#pragma unroll
+                for (int j = 0; j < kNormVec; ++j) v[g][j] = r[g][j] + v[g][j];
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+#pragma unroll
+            for (int j = 0; j < kNormVec; ++j) v[g][j] = __bfloat162float(__float2bfloat16(v[g][j]));
+            const int e0 = norm_group_start(g);
+            if (e0 < a.dim) store_group<kVector>(res, e0, a.dim, v[g]);
+        }
+    }
+    float w[G][kNormVec];  // in flight during the reduction
+    load_row<G, kVector>(w, a.weight, a.dim);
+    const float rstd = row_rstd<G>(v, a.dim, a.eps);
+    store_normed<G, kVector>(a.out + row * a.out_ld, v, rstd, w, a.dim);
+}
 
 template <bool kFuseResidual>
-__global__ void __launch_bounds__(kThreads)
-    rmsnorm_kernel(bf16* __restrict__ out, int64_t out_ld, bf16* __restrict__ residual, const bf16* __restrict__ x,
-                   int64_t x_ld, const bf16* __restrict__ x2, const bf16* __restrict__ weight, int dim, float eps) {
-    allow_dependent_launch();  // a dependent GEMM next may start its weight prefetch during this kernel
-    const size_t row = blockIdx.x;
-    const bf16* xr = x + row * x_ld;
-    const bf16* x2r = x2 != nullptr ? x2 + row * x_ld : nullptr;
-    bf16* res = kFuseResidual ? residual + row * dim : nullptr;
-    float sq = 0.f;
-    for (int i = threadIdx.x; i < dim; i += kThreads) {
-        float v = __bfloat162float(xr[i]);
-        if constexpr (kFuseResidual) {
-            float sum = __bfloat162float(res[i]) + v;
-            if (x2r != nullptr) {
-                sum += __bfloat162float(x2r[i]);
-            }
-            const bf16 summed = __float2bfloat16(sum);
-            res[i] = summed;
-            v = __bfloat162float(summed);
-        }
-        sq += v * v;
+cudaError_t launch_norm(const NormArgs& a, cudaStream_t stream) {
+    if (a.rows < 0 || !norm_dim_supported(a.dim)) {
+        return cudaErrorInvalidValue;
     }
-    const float rstd = rsqrtf(block_sum<kThreads>(sq) / static_cast<float>(dim) + eps);
-    const bf16* src = kFuseResidual ? res : xr;
-    bf16* dst = out + row * out_ld;
-    for (int i = threadIdx.x; i < dim; i += kThreads) {
-        dst[i] = __float2bfloat16(__bfloat162float(src[i]) * rstd * __bfloat162float(weight[i]));
+    if (a.rows == 0) {
+        return cudaSuccess;
     }
+    bool vector = rows_vectorizable(a.out, a.out_ld, a.dim) && rows_vectorizable(a.x, a.x_ld, a.dim) &&
+                  rows_vectorizable(a.weight, 0, a.dim);
+    if (kFuseResidual) {
+        vector = vector && rows_vectorizable(a.residual, a.dim, a.dim) &&
+                 (a.x2 == nullptr || rows_vectorizable(a.x2, a.x_ld, a.dim));
+    }
+    return dispatch_norm_row(a.dim, vector, [&](auto groups, auto vec) {
+        return launch_dependent(rmsnorm_kernel<decltype(groups)::value, decltype(vec)::value, kFuseResidual>,
+                                dim3(a.rows), dim3(kNormThreads), 0, stream, a);
+    });
 }
 
 }  // namespace
@@ -47,11 +92,7 @@ cudaError_t rmsnorm(bf16* out, const bf16* x, const bf16* weight, int rows, int 
 
 cudaError_t rmsnorm_strided(bf16* out, int64_t out_ld, const bf16* x, int64_t x_ld, const bf16* weight, int rows,
                             int dim, float eps, cudaStream_t stream) {
-    if (rows == 0) {
-        return cudaSuccess;
-    }
-    rmsnorm_kernel<false><<<rows, kThreads, 0, stream>>>(out, out_ld, nullptr, x, x_ld, nullptr, weight, dim, eps);
-    return cudaGetLastError();
+    return launch_norm<false>({out, out_ld, nullptr, x, x_ld, nullptr, weight, rows, dim, eps}, stream);
 }
 
 cudaError_t add_rmsnorm(bf16* out, bf16* residual, const bf16* delta, const bf16* weight, int rows, int dim,
@@ -61,11 +102,7 @@ cudaError_t add_rmsnorm(bf16* out, bf16* residual, const bf16* delta, const bf16
 
 cudaError_t add2_rmsnorm(bf16* out, bf16* residual, const bf16* delta, const bf16* delta2, const bf16* weight,
                          int rows, int dim, float eps, cudaStream_t stream) {
-    if (rows == 0) {
-        return cudaSuccess;
-    }
-    rmsnorm_kernel<true><<<rows, kThreads, 0, stream>>>(out, dim, residual, delta, dim, delta2, weight, dim, eps);
-    return cudaGetLastError();
+    return launch_norm<true>({out, dim, residual, delta, dim, delta2, weight, rows, dim, eps}, stream);
 }
 
 }  // namespace ddtree::kernels

@@ -1,6 +1,6 @@
 // RMSNorm over bf16 rows, optionally fused with the residual add that precedes it.
 // One CTA per row; the reduction order depends on `dim` only, so each row's result is
-// independent of how many rows share the launch (batch invariance).
+// independent of how many rows share the launch (batch invariance). dim: 1..kNormMaxDim (row_norm.cuh).
 #pragma once
 #include <cstdint>
 

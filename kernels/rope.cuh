@@ -10,6 +10,8 @@
 
 namespace ddtree::kernels {
 
+constexpr int kRopeMaxDim = 512;  // rope_dim of at most this (one thread per pair in a CTA of 256)
+
 struct RopeParams {
     const float* inv_freq;  // device [rope_dim / 2]
     float attention_factor;

@@ -1,4 +1,4 @@
-// Router top-k: k rounds of a block-wide arg-max over the biased scores.
+// Router top-k: k rounds of a warp-wide arg-max over the biased scores.
 #include <cmath>
 
 #include "router.cuh"
@@ -6,7 +6,11 @@
 namespace ddtree::kernels {
 namespace {
 
-constexpr int kThreads = 256;
+// One warp per token: the biased scores sit in the warp's shared-memory row, and each round is a warp arg-max
+// (no CTA barriers), so a token costs a few microseconds of latency at any expert count.
+constexpr int kWarpsPerCta = 4;
+constexpr int kLoadBatch = 16;
+static_assert(kWarpsPerCta * kRouterMaxExperts * sizeof(float) <= 48 * 1024, "score rows fit without opt-in");
 
 struct Best {
     float value;
@@ -18,53 +22,59 @@ __device__ __forceinline__ Best better(Best a, Best b) {
     return (b.value > a.value || (b.value == a.value && b.index < a.index)) ? b : a;
 }
 
-__global__ void __launch_bounds__(kThreads)
-    route_topk_kernel(int32_t* topk_ids, float* topk_weights, const float* logits, const float* bias, int experts,
-                      int topk, bool normalize) {
-    extern __shared__ float s_biased[];  // [experts]
-    __shared__ Best warp_best[kThreads / 32];
-    __shared__ int chosen[kRouterMaxTopk];
+__global__ void __launch_bounds__(32 * kWarpsPerCta)
+    route_topk_kernel(int32_t* topk_ids, float* topk_weights, const float* logits, const float* bias, int tokens,
+                      int experts, int topk, bool normalize) {
+    extern __shared__ float s_rows[];  // [kWarpsPerCta][experts]
+    constexpr uint32_t kAll = 0xffffffffu;
     allow_dependent_launch();  // a dependent GEMM next may start its weight prefetch during this kernel
-    const int token = blockIdx.x;
+    grid_dependency_wait();  // launched as a dependent: inputs and outputs belong to earlier kernels until here
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int token = blockIdx.x * kWarpsPerCta + warp;
+    if (token >= tokens) return;
+    float* s_biased = s_rows + warp * experts;
     const float* row = logits + static_cast<int64_t>(token) * experts;
     // A NaN score (from NaN activations) ranks lowest rather than never, so every round still picks an expert
     // in range; experts already taken are marked NaN and skipped.
-    for (int e = threadIdx.x; e < experts; e += kThreads) {
-        const float score = 1.f / (1.f + expf(-row[e])) + bias[e];
-        s_biased[e] = isnan(score) ? -INFINITY : score;
+    // A lane loads kLoadBatch logits and biases before it uses any: one memory round trip per 32 * kLoadBatch
+    // experts rather than one per 32 (the division's slow path would keep the compiler from hoisting the loads).
+    for (int base = lane; base < experts; base += 32 * kLoadBatch) {
+        float logit[kLoadBatch], b[kLoadBatch];
+#pragma unroll
+        for (int j = 0; j < kLoadBatch; ++j) {
+            const int e = base + 32 * j;
+            logit[j] = e < experts ? row[e] : 0.f;
+            b[j] = e < experts ? bias[e] : 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < kLoadBatch; ++j) {
+            const int e = base + 32 * j;
+            const float score = 1.f / (1.f + expf(-logit[j])) + b[j];
+            if (e < experts) s_biased[e] = isnan(score) ? -INFINITY : score;
+        }
     }
-    __syncthreads();
+    __syncwarp();
+    int chosen = 0;  // lane k < topk: the k-th expert
     for (int k = 0; k < topk; ++k) {
         Best best{-INFINITY, experts};
-        for (int e = threadIdx.x; e < experts; e += kThreads) {
+#pragma unroll 4
+        for (int e = lane; e < experts; e += 32) {
             if (!isnan(s_biased[e])) best = better(best, Best{s_biased[e], e});
         }
         for (int offset = 16; offset > 0; offset >>= 1) {
-            const Best other{__shfl_xor_sync(0xffffffffu, best.value, offset),
-                             __shfl_xor_sync(0xffffffffu, best.index, offset)};
-            best = better(best, other);
+            best = better(best, Best{__shfl_xor_sync(kAll, best.value, offset), __shfl_xor_sync(kAll, best.index, offset)});
         }
-        if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = best;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            Best b = warp_best[0];
-            for (int w = 1; w < kThreads / 32; ++w) b = better(b, warp_best[w]);
-            chosen[k] = b.index;
-            s_biased[b.index] = NAN;
-        }
-        __syncthreads();
+        if (lane == k) chosen = best.index;
+        __syncwarp();  // every lane has read this round's scores
+        if (lane == 0) s_biased[best.index] = NAN;
+        __syncwarp();
     }
-    if (threadIdx.x == 0) {
-        float weights[kRouterMaxTopk];
-        float sum = 0.f;
-        for (int k = 0; k < topk; ++k) {
-            weights[k] = 1.f / (1.f + expf(-row[chosen[k]]));
-            sum += weights[k];
-        }
-        for (int k = 0; k < topk; ++k) {
-            topk_ids[token * topk + k] = chosen[k];
-            topk_weights[token * topk + k] = normalize ? weights[k] / (sum + 1e-20f) : weights[k];
-        }
+    const float weight = lane < topk ? 1.f / (1.f + expf(-row[chosen])) : 0.f;
+    float sum = 0.f;  // in slot order, as the reference sums
+    for (int k = 0; k < topk; ++k) sum += __shfl_sync(kAll, weight, k);
+    if (lane < topk) {
+        topk_ids[token * topk + lane] = chosen;
+        topk_weights[token * topk + lane] = normalize ? weight / (sum + 1e-20f) : weight;
     }
 }
 
@@ -72,15 +82,16 @@ __global__ void __launch_bounds__(kThreads)
 
 cudaError_t route_topk(int32_t* topk_ids, float* topk_weights, const float* logits, const float* bias,
                        int tokens, int experts, int topk, bool normalize, cudaStream_t stream) {
-    if (tokens < 0 || experts <= 0 || topk <= 0 || topk > kRouterMaxTopk || topk > experts || experts > 8192) {
+    if (tokens < 0 || !router_supported(experts, topk)) {
         return cudaErrorInvalidValue;
     }
     if (tokens == 0) {
         return cudaSuccess;
     }
-    route_topk_kernel<<<tokens, kThreads, experts * sizeof(float), stream>>>(topk_ids, topk_weights, logits, bias,
-                                                                           experts, topk, normalize);
-    return cudaGetLastError();
+    const int ctas = (tokens + kWarpsPerCta - 1) / kWarpsPerCta;
+    return launch_dependent(route_topk_kernel, dim3(ctas), dim3(32 * kWarpsPerCta),
+                            kWarpsPerCta * experts * sizeof(float), stream, topk_ids, topk_weights, logits, bias, tokens,
+                            experts, topk, normalize);
 }
 
 }  // namespace ddtree::kernels

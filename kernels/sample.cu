@@ -13,6 +13,8 @@ __global__ void __launch_bounds__(kThreads)
                   const unsigned long long* seed, const int32_t* stream_ids, const int32_t* positions) {
     __shared__ float warp_value[kThreads / 32];
     __shared__ int warp_index[kThreads / 32];
+    allow_dependent_launch();  // the decode-state advance may launch early; it waits for this grid
+    grid_dependency_wait();  // launched as a dependent: inputs and outputs belong to earlier kernels until here
     const int row = blockIdx.x;
     const float* x = logits + row * ld;
     const float temp = *temperature;
@@ -62,6 +64,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void advance_kernel(int32_t* ids, int32_t* positions, int32_t* kv_len, int32_t* slots,
                                const int32_t* kv_start, const int32_t* tokens, int32_t* history, int history_ld,
                                int32_t* step, int streams) {
+    grid_dependency_wait();  // launched as a dependent: the sampled tokens come from the kernel before
     const int current = *step;
     for (int s = threadIdx.x; s < streams; s += blockDim.x) {
         const int32_t token = tokens[s];
@@ -89,8 +92,8 @@ cudaError_t sample_tokens(int32_t* tokens, const float* logits, int64_t ld, int 
     if (rows == 0) {
         return cudaSuccess;
     }
-    sample_kernel<<<rows, kThreads, 0, stream>>>(tokens, logits, ld, vocab, temperature, seed, stream_ids, positions);
-    return cudaGetLastError();
+    return launch_dependent(sample_kernel, dim3(rows), dim3(kThreads), 0, stream, tokens, logits, ld, vocab,
+                            temperature, seed, stream_ids, positions);
 }
 
 cudaError_t advance_decode(int32_t* ids, int32_t* positions, int32_t* kv_len, int32_t* slots, const int32_t* kv_start,
@@ -99,9 +102,8 @@ cudaError_t advance_decode(int32_t* ids, int32_t* positions, int32_t* kv_len, in
     if (streams <= 0 || history_ld <= 0) {
         return cudaErrorInvalidValue;
     }
-    advance_kernel<<<1, 256, 0, stream>>>(ids, positions, kv_len, slots, kv_start, tokens, history, history_ld, step,
-                                          streams);
-    return cudaGetLastError();
+    return launch_dependent(advance_kernel, dim3(1), dim3(256), 0, stream, ids, positions, kv_len, slots, kv_start,
+                            tokens, history, history_ld, step, streams);
 }
 
 }  // namespace ddtree::kernels

@@ -16,6 +16,7 @@
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "router.cuh"
+#include "row_norm.cuh"
 #include "sample.cuh"
 
 namespace ddtree {
@@ -115,6 +116,19 @@ Engine::Engine(const ModelDims& dims, const RopeTable& rope, int streams, int ma
         throw std::invalid_argument("no MLA attention kernel is compiled for kv_lora_rank " +
                                     std::to_string(dims.kv_lora) + " and qk_rope_head_dim " +
                                     std::to_string(dims.rope));
+    }
+    for (const auto& [name, dim] : {std::pair<const char*, int>{"hidden_size", dims.hidden},
+                                    {"q_lora_rank", dims.q_lora}, {"kv_lora_rank", dims.kv_lora}}) {
+        if (!k::norm_dim_supported(dim)) {
+            throw std::invalid_argument(std::string(name) + " " + std::to_string(dim) + " is past the RMSNorm kernels' " +
+                                        std::to_string(k::kNormMaxDim));
+        }
+    }
+    if (dims.first_dense < dims.layers && !k::router_supported(dims.experts, dims.topk)) {
+        throw std::invalid_argument("no router kernel for n_routed_experts " + std::to_string(dims.experts) +
+                                    " and num_experts_per_tok " + std::to_string(dims.topk) + " (at most " +
+                                    std::to_string(k::kRouterMaxExperts) + " experts and " +
+                                    std::to_string(k::kRouterMaxTopk) + " per token)");
     }
     if (static_cast<int>(rope.inv_freq.size()) != dims.rope / 2) {
         throw std::invalid_argument("rope table has " + std::to_string(rope.inv_freq.size()) + " frequencies, expected " +
