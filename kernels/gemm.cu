@@ -358,8 +358,7 @@ cudaError_t launch_short_k(const GemmParams& p, cudaStream_t stream) {
 }
 
 // Tiles by token count: more weight rows per CTA as tokens grow keeps the activation reads from L2 at most
-// the weight bytes; above 32 tokens the weights are streamed once per 32-token tile rather than holding a
-// 64-token activation stage that leaves room for only two stages. When every K split is a single chunk (small
+// the weight bytes. When every K split is a single chunk (small
 // K, or many splits) a deeper ring has nothing to prefetch, so one stage lets 2-4x more CTAs share an SM. The
 // reduction order of an output never depends on the choice.
 template <GemmEpilogue E>
@@ -384,7 +383,10 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
         }
         return one_chunk ? launch_config<2, 2, 1, E>(p, stream) : launch_config<2, 2, 2, E>(p, stream);
     }
-    return one_chunk ? launch_config<2, 4, 1, E>(p, stream) : launch_config<2, 4, 3, E>(p, stream);
+    if (p.m <= 32) return one_chunk ? launch_config<2, 4, 1, E>(p, stream) : launch_config<2, 4, 3, E>(p, stream);
+    // Above 32 tokens a CTA takes 64 at a time: the weights are streamed once per 64 tokens instead of once per
+    // 32, at the price of a two-stage ring (a 64-token stage is 104 KB).
+    return one_chunk ? launch_config<2, 8, 1, E>(p, stream) : launch_config<2, 8, 2, E>(p, stream);
 }
 
 __global__ void transpose_kernel(bf16* dst, const bf16* src, int rows, int cols) {
