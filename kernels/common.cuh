@@ -18,6 +18,24 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
+// An arg-max candidate. better(): the larger value wins, equal values go to the lower index (the first maximum,
+// as the reference's stable sort and argmax pick it); a NaN value never wins.
+struct Best {
+    float value;
+    int index;
+};
+__device__ __forceinline__ Best better(Best a, Best b) {
+    return (b.value > a.value || (b.value == a.value && b.index < a.index)) ? b : a;
+}
+
+// Best of a warp, returned to every lane.
+__device__ __forceinline__ Best warp_best(Best b) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        b = better(b, Best{__shfl_xor_sync(0xffffffffu, b.value, offset), __shfl_xor_sync(0xffffffffu, b.index, offset)});
+    }
+    return b;
+}
+
 // SiLU with the fast exponential, as the dense MLP, the shared expert and the plain INT4 experts use it.
 __device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
 

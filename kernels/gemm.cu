@@ -358,9 +358,9 @@ cudaError_t launch_short_k(const GemmParams& p, cudaStream_t stream) {
 }
 
 // Tiles by token count: more weight rows per CTA as tokens grow keeps the activation reads from L2 at most
-// the weight bytes. When every K split is a single chunk (small
-// K, or many splits) a deeper ring has nothing to prefetch, so one stage lets 2-4x more CTAs share an SM. The
-// reduction order of an output never depends on the choice.
+// the weight bytes. When every K split is a single chunk (small K, or many splits) a deeper ring has nothing
+// to prefetch, so one stage lets 2-4x more CTAs share an SM. The reduction order of an output never depends on
+// the choice.
 template <GemmEpilogue E>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
     if (p.k <= kShortKMax) return p.m <= 8 ? launch_short_k<1, E>(p, stream) : launch_short_k<2, E>(p, stream);

@@ -451,8 +451,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(const GemmParams 
         const Unit u = locate(p, routing, map, unit);
         if (u.stripes == 2) {  // narrow block: at most kPairedMaxTiles tiles
             run_unit_of_width<2, kPairedMaxTiles, kGateUp>(p, u, ring, us, cta);
-        } else {
-            run_unit_of_width<1, 8, kGateUp>(p, u, ring, us, cta);
+        } else {  // a CTA-aligned call's blocks are narrow too (kCtaAlignPairs tokens at most)
+            run_unit_of_width<1, kAlignInCta ? kPairedMaxTiles : 8, kGateUp>(p, u, ring, us, cta);
         }
         cta.wait_before_act = false;
     }

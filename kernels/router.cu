@@ -12,16 +12,6 @@ constexpr int kWarpsPerCta = 4;
 constexpr int kLoadBatch = 16;
 static_assert(kWarpsPerCta * kRouterMaxExperts * sizeof(float) <= 48 * 1024, "score rows fit without opt-in");
 
-struct Best {
-    float value;
-    int index;
-};
-
-// Larger value wins; equal values go to the lower index (the reference's stable sort).
-__device__ __forceinline__ Best better(Best a, Best b) {
-    return (b.value > a.value || (b.value == a.value && b.index < a.index)) ? b : a;
-}
-
 __global__ void __launch_bounds__(32 * kWarpsPerCta)
     route_topk_kernel(int32_t* topk_ids, float* topk_weights, const float* logits, const float* bias, int tokens,
                       int experts, int topk, bool normalize) {
@@ -61,9 +51,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta)
         for (int e = lane; e < experts; e += 32) {
             if (!isnan(s_biased[e])) best = better(best, Best{s_biased[e], e});
         }
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            best = better(best, Best{__shfl_xor_sync(kAll, best.value, offset), __shfl_xor_sync(kAll, best.index, offset)});
-        }
+        best = warp_best(best);
         if (lane == k) chosen = best.index;
         __syncwarp();  // every lane has read this round's scores
         if (lane == 0) s_biased[best.index] = NAN;

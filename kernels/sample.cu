@@ -11,8 +11,7 @@ constexpr int kThreads = 512;
 __global__ void __launch_bounds__(kThreads)
     sample_kernel(int32_t* tokens, const float* logits, int64_t ld, int vocab, const float* temperature,
                   const unsigned long long* seed, const int32_t* stream_ids, const int32_t* positions) {
-    __shared__ float warp_value[kThreads / 32];
-    __shared__ int warp_index[kThreads / 32];
+    __shared__ Best warp_bests[kThreads / 32];
     allow_dependent_launch();  // the decode-state advance may launch early; it waits for this grid
     grid_dependency_wait();  // launched as a dependent: inputs and outputs belong to earlier kernels until here
     const int row = blockIdx.x;
@@ -22,8 +21,7 @@ __global__ void __launch_bounds__(kThreads)
     const float inv_t = greedy ? 1.f : 1.f / temp;
     const uint64_t key = mix64(*seed ^ mix64((static_cast<uint64_t>(stream_ids[row]) << 32) |
                                              static_cast<uint32_t>(positions[row])));
-    float best = -INFINITY;
-    int best_index = vocab;
+    Best best{-INFINITY, vocab};
     for (int i = threadIdx.x; i < vocab; i += kThreads) {
         float v = x[i];
         if (!greedy) {
@@ -31,33 +29,15 @@ __global__ void __launch_bounds__(kThreads)
             const float u = (static_cast<float>(h >> 40) + 0.5f) * (1.f / 16777216.f);  // (0, 1)
             v = v * inv_t - logf(-logf(u));
         }
-        if (v > best) {  // increasing i per thread: the first maximum wins
-            best = v;
-            best_index = i;
-        }
+        best = better(best, Best{v, i});
     }
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, offset);
-        const int oi = __shfl_xor_sync(0xffffffffu, best_index, offset);
-        if (ov > best || (ov == best && oi < best_index)) {
-            best = ov;
-            best_index = oi;
-        }
-    }
-    if (threadIdx.x % 32 == 0) {
-        warp_value[threadIdx.x / 32] = best;
-        warp_index[threadIdx.x / 32] = best_index;
-    }
+    best = warp_best(best);
+    if (threadIdx.x % 32 == 0) warp_bests[threadIdx.x / 32] = best;
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int w = 1; w < kThreads / 32; ++w) {
-            if (warp_value[w] > best || (warp_value[w] == best && warp_index[w] < best_index)) {
-                best = warp_value[w];
-                best_index = warp_index[w];
-            }
-        }
+        for (int w = 1; w < kThreads / 32; ++w) best = better(best, warp_bests[w]);
         // A row of NaNs leaves no maximum; token 0 keeps the id in range.
-        tokens[row] = best_index < vocab ? best_index : 0;
+        tokens[row] = best.index < vocab ? best.index : 0;
     }
 }
 

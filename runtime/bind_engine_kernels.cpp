@@ -1,16 +1,16 @@
 // Kernel-level entry points of the engine's kernel families (ddtree._native.kernels.*), for the GPU tests and
-// the benchmark: each checks its CUDA arrays, launches on the default stream and raises on any CUDA error.
+// the benchmark: each checks its CUDA arrays, launches on kernel_launch_stream() and raises on any CUDA error.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
 #include <string>
 
+#include "bindings.h"
 #include "cuda_check.h"
 #include "embed.cuh"
 #include "experts_int4.cuh"
 #include "gemm.cuh"
 #include "mla_attn.cuh"
-#include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "router.cuh"
 #include "sample.cuh"
@@ -20,11 +20,13 @@ namespace nb = nanobind;
 namespace k = ddtree::kernels;
 
 namespace ddtree {
-namespace {
 
-// Stream the entry points launch on (0: the legacy default stream). Benchmarks point it at a torch stream
-// to capture the launches into a CUDA graph.
-cudaStream_t launch_stream = nullptr;
+cudaStream_t& kernel_launch_stream() {
+    static cudaStream_t stream = nullptr;
+    return stream;
+}
+
+namespace {
 
 // Extent i of argument `name`; too few dimensions is the caller's error, not an out-of-range read.
 int dim(const CudaArray& a, const char* name, size_t i) {
@@ -72,7 +74,7 @@ void gemm(CudaArray out, CudaArray x, CudaArray w, const std::string& epilogue, 
         throw nb::value_error("arguments 'x' and 'w' must start on 16-byte boundaries with k a multiple of 8");
     }
     CUDA_CHECK(k::gemm_bf16(x_p, static_cast<int64_t>(batch) * kk, w_p, out_p, static_cast<int64_t>(batch) * n_out, m,
-                            n, kk, epi, b, ws, ctr, launch_stream));
+                            n, kk, epi, b, ws, ctr, kernel_launch_stream()));
 }
 
 void gather_rows(CudaArray out, CudaArray table, CudaArray ids) {
@@ -80,7 +82,7 @@ void gather_rows(CudaArray out, CudaArray table, CudaArray ids) {
     const int rows = dim(ids, "ids", 0), d = dim(table, "table", 1);
     CUDA_CHECK(k::gather_rows(checked<k::bf16>(out, "out", DType::bf16, {rows, d}), d,
                               checked<const k::bf16>(table, "table", DType::bf16, {-1, d}), d,
-                              checked<const int32_t>(ids, "ids", DType::i32, {rows}), rows, d, launch_stream));
+                              checked<const int32_t>(ids, "ids", DType::i32, {rows}), rows, d, kernel_launch_stream()));
 }
 
 k::RopeParams rope_params(CudaArray& inv_freq, float attention_factor, bool interleave) {
@@ -102,7 +104,7 @@ void rope_queries(CudaArray out, int out_offset, CudaArray q, int q_offset, Cuda
                                checked<const k::bf16>(q, "q", DType::bf16, {rows, heads, dq}),
                                static_cast<int64_t>(heads) * dq, dq, q_offset,
                                checked<const int32_t>(positions, "positions", DType::i32, {rows}), rows, heads, rope,
-                               launch_stream));
+                               kernel_launch_stream()));
 }
 
 void mla_store_kv(CudaArray cache, CudaArray slots, CudaArray kv_a, CudaArray norm_weight, float eps,
@@ -116,7 +118,8 @@ void mla_store_kv(CudaArray cache, CudaArray slots, CudaArray kv_a, CudaArray no
                                checked<const int32_t>(slots, "slots", DType::i32, {rows}),
                                checked<const k::bf16>(kv_a, "kv_a", DType::bf16, {rows, row_len}), row_len,
                                checked<const k::bf16>(norm_weight, "norm_weight", DType::bf16, {kv_lora}), eps, kv_lora,
-                               checked<const int32_t>(positions, "positions", DType::i32, {rows}), rows, rope, launch_stream));
+                               checked<const int32_t>(positions, "positions", DType::i32, {rows}), rows, rope,
+                               kernel_launch_stream()));
 }
 
 void mla_attention(CudaArray out, CudaArray q, CudaArray cache, CudaArray kv_start, CudaArray kv_len, int max_len,
@@ -136,7 +139,7 @@ void mla_attention(CudaArray out, CudaArray q, CudaArray cache, CudaArray kv_sta
                                 checked<const k::bf16>(cache, "cache", DType::bf16, {-1, d}), dim(cache, "cache", 0),
                                 checked<const int32_t>(kv_start, "kv_start", DType::i32, {rows}),
                                 checked<const int32_t>(kv_len, "kv_len", DType::i32, {rows}), rows, max_len, dims,
-                                softmax_scale, ws, launch_stream));
+                                softmax_scale, ws, kernel_launch_stream()));
 }
 
 void route_topk(CudaArray ids, CudaArray weights, CudaArray logits, CudaArray bias, bool normalize) {
@@ -146,7 +149,7 @@ void route_topk(CudaArray ids, CudaArray weights, CudaArray logits, CudaArray bi
                              checked<float>(weights, "weights", DType::f32, {tokens, topk}),
                              checked<const float>(logits, "logits", DType::f32, {tokens, experts}),
                              checked<const float>(bias, "bias", DType::f32, {experts}), tokens, experts, topk,
-                             normalize, launch_stream));
+                             normalize, kernel_launch_stream()));
 }
 
 void sample_tokens(CudaArray tokens, CudaArray logits, CudaArray temperature, CudaArray seed, CudaArray stream_ids,
@@ -158,17 +161,8 @@ void sample_tokens(CudaArray tokens, CudaArray logits, CudaArray temperature, Cu
                                 checked<const float>(temperature, "temperature", DType::f32, {1}),
                                 checked<const unsigned long long>(seed, "seed", DType::i64, {1}),
                                 checked<const int32_t>(stream_ids, "stream_ids", DType::i32, {rows}),
-                                checked<const int32_t>(positions, "positions", DType::i32, {rows}), launch_stream));
-}
-
-void add2_rmsnorm(CudaArray out, CudaArray residual, CudaArray delta, CudaArray delta2, CudaArray weight, float eps) {
-    same_device({&out, &residual, &delta, &delta2, &weight});
-    const int rows = dim(residual, "residual", 0), d = dim(residual, "residual", 1);
-    CUDA_CHECK(k::add2_rmsnorm(checked<k::bf16>(out, "out", DType::bf16, {rows, d}),
-                               checked<k::bf16>(residual, "residual", DType::bf16, {rows, d}),
-                               checked<const k::bf16>(delta, "delta", DType::bf16, {rows, d}),
-                               checked<const k::bf16>(delta2, "delta2", DType::bf16, {rows, d}),
-                               checked<const k::bf16>(weight, "weight", DType::bf16, {d}), rows, d, eps, launch_stream));
+                                checked<const int32_t>(positions, "positions", DType::i32, {rows}),
+                                kernel_launch_stream()));
 }
 
 // Routed experts in checkpoint layout: packed int32 [E, out, in/8], scale bf16 [E, out, in/32].
@@ -192,14 +186,14 @@ void experts_int4(CudaArray out, CudaArray act, CudaArray x, CudaArray ids, Cuda
                                        checked<const k::bf16>(x, "x", DType::bf16, {tokens, hidden}),
                                        checked<const int32_t>(ids, "ids", DType::i32, {tokens, topk}),
                                        checked<const float>(weights, "weights", DType::f32, {tokens, topk}), tokens,
-                                       topk, scaling, w, launch_stream));
+                                       topk, scaling, w, kernel_launch_stream()));
 }
 
 }  // namespace
 
 void bind_engine_kernels(nb::module_& kernels) {
     kernels.def(
-        "use_stream", [](uintptr_t handle) { launch_stream = reinterpret_cast<cudaStream_t>(handle); },
+        "use_stream", [](uintptr_t handle) { kernel_launch_stream() = reinterpret_cast<cudaStream_t>(handle); },
         nb::arg("handle"), "Launch the engine-kernel entry points on this CUDA stream (0: default stream).");
     kernels.def("gemm", &gemm, nb::arg("out"), nb::arg("x"), nb::arg("w"), nb::arg("epilogue"), nb::arg("workspace"),
                 nb::arg("counters"), "out = epilogue(x @ w^T); 3-D x [m, batch, k] with w [batch, n, k] is batched.");
@@ -226,8 +220,6 @@ void bind_engine_kernels(nb::module_& kernels) {
                 nb::arg("normalize"));
     kernels.def("sample_tokens", &sample_tokens, nb::arg("tokens"), nb::arg("logits"), nb::arg("temperature"),
                 nb::arg("seed"), nb::arg("stream_ids"), nb::arg("positions"));
-    kernels.def("add2_rmsnorm", &add2_rmsnorm, nb::arg("out"), nb::arg("residual"), nb::arg("delta"),
-                nb::arg("delta2"), nb::arg("weight"), nb::arg("eps"));
     kernels.def("experts_int4", &experts_int4, nb::arg("out"), nb::arg("act"), nb::arg("x"), nb::arg("ids"),
                 nb::arg("weights"), nb::arg("scaling"), nb::arg("gate_packed"), nb::arg("gate_scale"),
                 nb::arg("up_packed"), nb::arg("up_scale"), nb::arg("down_packed"), nb::arg("down_scale"));

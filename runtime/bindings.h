@@ -1,8 +1,13 @@
 // Each binding file registers one area of the module; bindings.cpp calls them in order.
 #pragma once
+#include <cuda_runtime.h>
 #include <nanobind/nanobind.h>
 
 namespace ddtree {
+
+// Stream the kernel-level entry points launch on (0: the legacy default stream). Benchmarks point it at a torch
+// stream (kernels.use_stream) to capture the launches into a CUDA graph.
+cudaStream_t& kernel_launch_stream();
 
 void bind_kernels(nanobind::module_& m);
 void bind_moe(nanobind::module_& m);

@@ -153,7 +153,7 @@ def bench_small_kernels(rows: int, cfg, bw: float) -> list[dict]:
     w = torch.ones(h, device="cuda").bfloat16()
     out = torch.empty_like(x)
     res = x.clone()
-    results.append(row("add_rmsnorm", median_ms(lambda: kernels.add2_rmsnorm(out, res, x, x, w, 1e-6)),
+    results.append(row("add_rmsnorm", median_ms(lambda: kernels.add_rmsnorm(out, res, x, w, 1e-6, delta2=x)),
                        5 * x.numel() * 2, median_ms(lambda: torch.nn.functional.rms_norm(res + x + x, (h,), w, 1e-6)),
                        "torch add + rms_norm"))
     logits = torch.randn(rows, e, device="cuda")

@@ -80,10 +80,11 @@ def test_gemm_batched_heads() -> None:
 
 @pytest.mark.parametrize("n,k", [(2112, 7168), (384, 7168), (7168, 8192), (12288, 1536), (333, 96), (100, 48)])
 def test_gemm_batch_invariant(n: int, k: int) -> None:
-    x, w = _inputs(64, n, k, 11)
+    # 130 rows: three passes of the 64-token kernel, against every smaller tiling of the same rows
+    x, w = _inputs(130, n, k, 11)
     full = _run(x, w, "f32", n, torch.float32)
-    for rows in (1, 9, 16, 33):
-        for start in (0, 5, 64 - rows):
+    for rows in (1, 9, 16, 33, 64, 100):
+        for start in (0, 5, 130 - rows):
             part = _run(x[start:start + rows].contiguous(), w, "f32", n, torch.float32)
             assert torch.equal(part, full[start:start + rows]), (rows, start)
     # replays reuse the self-resetting split counters: same bits again

@@ -42,6 +42,37 @@ def test_add_rmsnorm_matches_unfused(rows: int, dim: int) -> None:
     torch.testing.assert_close(out.float(), _ref(expect_res, w, 1e-5).float(), rtol=2**-7, atol=1e-6)
 
 
+@pytest.mark.parametrize("rows,dim", [(3, 7168), (5, 111), (2, 16384)])
+def test_add_two_deltas_rmsnorm(rows: int, dim: int) -> None:
+    # the engine's layer input: residual + attention or MLP output + routed-expert output, one rounding
+    g = torch.Generator(device="cuda").manual_seed(dim)
+    res, d1, d2 = (torch.randn(rows, dim, device="cuda", generator=g).bfloat16() for _ in range(3))
+    w = (torch.rand(dim, device="cuda", generator=g) + 0.5).bfloat16()
+    expect_res = ((res.float() + d1.float()) + d2.float()).bfloat16()
+    out = torch.full_like(res, POISON)
+    kernels.add_rmsnorm(out, res, d1, w, 1e-6, delta2=d2)
+    torch.cuda.synchronize()
+    assert torch.equal(res, expect_res)
+    torch.testing.assert_close(out.float(), _ref(expect_res, w, 1e-6).float(), rtol=2**-7, atol=1e-6)
+
+
+@pytest.mark.parametrize("dim", [1536, 7168])
+def test_rmsnorm_unaligned_rows_same_bits(dim: int) -> None:
+    # Rows 2 bytes off 16-byte alignment take the element-wise loads; the sum order is the same by construction.
+    g = torch.Generator(device="cuda").manual_seed(dim + 1)
+    x = torch.randn(4, dim, device="cuda", generator=g).bfloat16()
+    w = torch.randn(dim, device="cuda", generator=g).bfloat16()
+    aligned = torch.full_like(x, POISON)
+    kernels.rmsnorm(aligned, x, w, 1e-6)
+    storage = torch.full((4 * dim + 1,), POISON, device="cuda", dtype=torch.bfloat16)
+    x_off = storage[1:].view(4, dim)
+    x_off.copy_(x)
+    out_off = torch.full((4 * dim + 1,), POISON, device="cuda", dtype=torch.bfloat16)[1:].view(4, dim)
+    kernels.rmsnorm(out_off, x_off, w, 1e-6)
+    torch.cuda.synchronize()
+    assert torch.equal(out_off, aligned)
+
+
 def test_rmsnorm_batch_invariant() -> None:
     g = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(16, 7168, device="cuda", generator=g).bfloat16()
@@ -61,3 +92,6 @@ def test_rmsnorm_rejects_bad_arguments() -> None:
         kernels.rmsnorm(torch.empty_like(x), x, w[:32].contiguous(), 1e-6)
     with pytest.raises(ValueError, match="'x' must be bfloat16"):
         kernels.rmsnorm(torch.empty_like(x), x.float(), w, 1e-6)
+    wide = torch.randn(1, 16392, device="cuda").bfloat16()
+    with pytest.raises(ValueError, match="'x' has rows of 16392 elements"):
+        kernels.rmsnorm(torch.empty_like(wide), wide, torch.ones(16392, device="cuda").bfloat16(), 1e-6)
