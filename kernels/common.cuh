@@ -31,7 +31,8 @@ __device__ __forceinline__ Best better(Best a, Best b) {
 // Best of a warp, returned to every lane.
 __device__ __forceinline__ Best warp_best(Best b) {
     for (int offset = 16; offset > 0; offset >>= 1) {
-        b = better(b, Best{__shfl_xor_sync(0xffffffffu, b.value, offset), __shfl_xor_sync(0xffffffffu, b.index, offset)});
+        const Best other{__shfl_xor_sync(0xffffffffu, b.value, offset), __shfl_xor_sync(0xffffffffu, b.index, offset)};
+        b = better(b, other);
     }
     return b;
 }

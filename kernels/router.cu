@@ -77,9 +77,9 @@ cudaError_t route_topk(int32_t* topk_ids, float* topk_weights, const float* logi
         return cudaSuccess;
     }
     const int ctas = (tokens + kWarpsPerCta - 1) / kWarpsPerCta;
-    return launch_dependent(route_topk_kernel, dim3(ctas), dim3(32 * kWarpsPerCta),
-                            kWarpsPerCta * experts * sizeof(float), stream, topk_ids, topk_weights, logits, bias, tokens,
-                            experts, topk, normalize);
+    const size_t smem = kWarpsPerCta * experts * sizeof(float);
+    return launch_dependent(route_topk_kernel, dim3(ctas), dim3(32 * kWarpsPerCta), smem, stream, topk_ids,
+                            topk_weights, logits, bias, tokens, experts, topk, normalize);
 }
 
 }  // namespace ddtree::kernels

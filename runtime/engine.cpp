@@ -120,8 +120,8 @@ Engine::Engine(const ModelDims& dims, const RopeTable& rope, int streams, int ma
     for (const auto& [name, dim] : {std::pair<const char*, int>{"hidden_size", dims.hidden},
                                     {"q_lora_rank", dims.q_lora}, {"kv_lora_rank", dims.kv_lora}}) {
         if (!k::norm_dim_supported(dim)) {
-            throw std::invalid_argument(std::string(name) + " " + std::to_string(dim) + " is past the RMSNorm kernels' " +
-                                        std::to_string(k::kNormMaxDim));
+            throw std::invalid_argument(std::string(name) + " " + std::to_string(dim) +
+                                        " is past the RMSNorm kernels' " + std::to_string(k::kNormMaxDim));
         }
     }
     if (dims.first_dense < dims.layers && !k::router_supported(dims.experts, dims.topk)) {
