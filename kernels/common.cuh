@@ -10,12 +10,17 @@ namespace ddtree::kernels {
 
 using bf16 = __nv_bfloat16;
 
-#if defined(__CUDACC__)  // the runtime's g++ code includes this header for bf16 only
+#if defined(__CUDACC__)  // g++-built runtime code includes this header for bf16 and launch_dependent only
 // splitmix64's finaliser: a well-mixed 64-bit hash (seeded sampling, random benchmark fills).
 __device__ __forceinline__ uint64_t mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
+}
+
+// A well-mixed 64-bit value for element i of the stream seeded by `key` (Weyl step, then mix64).
+__device__ __forceinline__ uint64_t hash_at(uint64_t key, uint64_t i) {
+    return mix64(key + i * 0x9e3779b97f4a7c15ull);
 }
 
 // An arg-max candidate. better(): the larger value wins, equal values go to the lower index (the first maximum,
@@ -53,11 +58,10 @@ __device__ __forceinline__ float block_sum(float v) {
     for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
     return total;
 }
-#endif
 
-// Programmatic dependent launch (sm_90). A kernel started by launch_dependent may begin while the previous
-// kernel of its stream is still running, so decode-size kernels overlap their start and their weight prefetch
-// with the previous kernel's tail. Such a kernel must call grid_dependency_wait() before it reads anything an
+// Programmatic dependent launch (sm_90). A kernel started by launch_dependent may begin while the previous kernel
+// of its stream is still running, so decode-size kernels overlap their start and their weight prefetch with the
+// previous kernel's tail. Such a kernel must call grid_dependency_wait() before it reads anything an
 // earlier kernel writes or writes anything an earlier kernel reads; before the wait it may touch only data no
 // kernel changes (weights). The wait is a no-op in a kernel launched the ordinary way.
 __device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
@@ -67,6 +71,15 @@ __device__ __forceinline__ void allow_dependent_launch() {
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
+// The start of a small kernel launched by launch_dependent: lets the next kernel launch at once (a dependent GEMM
+// streams its weights during this kernel), then waits until everything earlier kernels write is visible.
+__device__ __forceinline__ void dependent_kernel_start() {
+    allow_dependent_launch();
+    grid_dependency_wait();
+}
+#endif
+
+// Launches `kernel` as a programmatic dependent of the previous kernel of `stream` (see grid_dependency_wait).
 template <typename... Params, typename... Args>
 cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
                              cudaStream_t stream, Args&&... args) {

@@ -6,8 +6,7 @@ namespace {
 
 __global__ void gather_rows_kernel(bf16* out, int64_t out_ld, const bf16* table, int64_t table_ld,
                                    const int32_t* ids, int chunks) {
-    allow_dependent_launch();  // a dependent GEMM next may start its weight prefetch during this kernel
-    grid_dependency_wait();  // launched as a dependent: inputs and outputs belong to earlier kernels until here
+    dependent_kernel_start();
     const int64_t src_row = ids[blockIdx.x];
     const uint4* src = reinterpret_cast<const uint4*>(table + src_row * table_ld);
     uint4* dst = reinterpret_cast<uint4*>(out + static_cast<int64_t>(blockIdx.x) * out_ld);

@@ -8,8 +8,7 @@ namespace {
 __global__ void fill_bf16_kernel(bf16* dst, int64_t count, uint64_t seed, float scale, float offset) {
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        const float u = static_cast<float>(mix64(seed + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull) >> 40) *
-                            (2.f / 16777216.f) - 1.f;
+        const float u = static_cast<float>(hash_at(seed, i) >> 40) * (2.f / 16777216.f) - 1.f;
         dst[i] = __float2bfloat16(offset + scale * u);
     }
 }
@@ -17,7 +16,7 @@ __global__ void fill_bf16_kernel(bf16* dst, int64_t count, uint64_t seed, float 
 __global__ void fill_bytes_kernel(uint8_t* dst, int64_t count, uint64_t seed, int lo, int span) {
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        dst[i] = static_cast<uint8_t>(lo + mix64(seed + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull) % span);
+        dst[i] = static_cast<uint8_t>(lo + hash_at(seed, i) % span);
     }
 }
 

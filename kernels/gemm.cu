@@ -20,8 +20,9 @@ constexpr int kSplitTilesPerSm = 2;
 constexpr int kMaxSplits = 16;
 constexpr int kShortRingChunks = 4;  // decode GEMMs with unsplit K of up to this many chunks: two-stage ring
 
-// RT weight tiles of 16 rows and NT token tiles of 8 per CTA, S stages in the ring. Shared memory stays near
-// 110 KB where possible so two CTAs share an SM.
+// RT weight tiles of 16 rows and NT token tiles of 8 per CTA, S stages in the ring. Up to 16 tokens the
+// shared memory stays near 110 KB or below so that two or more CTAs share an SM; above that one CTA per SM
+// holds the deeper ring of wider token stages (see launch).
 template <int RT, int NT, int S>
 struct Config {
     static constexpr int kRows = kTileRows * RT;
@@ -154,9 +155,9 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmParams p) {
 #pragma unroll
             for (int j = 0; j < kPart / 32; ++j) {
                 // Each thread's 8 consecutive k feed slots {2t,2t+1,2t+8,2t+9} of two k16 MMAs; weights and
-                // activations use the same permutation, so the dot products are unchanged. Columns past K and
-                // token rows past M hold stale bytes: the weights are zeroed past K, and stale token columns
-                // only reach outputs that are never stored.
+                // activations use the same permutation, so the dot products are unchanged. Shared memory past K
+                // holds stale bytes (possibly NaN), so both operands read zeros there; token rows past M and
+                // weight rows past N hold stale bytes that only reach outputs that are never stored.
                 const int col = warp * kPart + 32 * j + 8 * t;
                 const bool in_k = (c_begin + ci) * kChunk + col < p.k;
                 const uint4 zero = make_uint4(0, 0, 0, 0);

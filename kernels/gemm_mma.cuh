@@ -1,5 +1,5 @@
 // Device helpers shared by the tensor-core kernels (gemm, mla_attn, moe_marlin): mma.sync, ldmatrix, cp.async,
-// loads, bulk copies.
+// mbarriers and bulk copies, shared-memory opt-in.
 #pragma once
 #include <atomic>
 #include <cstdint>

@@ -122,8 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                      float* part_ml, int max_chunks) {
     using T = Tile<DL, DR>;
     constexpr int D = T::D, kRowChunks = D / 8;
-    allow_dependent_launch();  // the merge kernel may start early; it waits for this grid before reading
-    grid_dependency_wait();    // launched as a dependent: queries, lengths and cache rows come from earlier kernels
+    dependent_kernel_start();  // the merge kernel waits for this grid before it reads the partials
     const int chunk = blockIdx.x, row = blockIdx.y, h0 = blockIdx.z * kHeads;
     const int len = kv_len[row];
     const int key0 = chunk * kMlaChunk;

@@ -3,13 +3,13 @@
 //
 // Schedule: a persistent grid runs units (token block, S adjacent stripes); a CTA's first unit is its block
 // index, later ones come from a counter that moe_align resets (calls of at most kCtaAlignPairs pairs: a static
-// stride, see below). Each unit streams its S contiguous weight
-// stripes once through a shared-memory ring: per stage one bulk copy (TMA, cp.async.bulk) per stripe
-// chunk, completing on that slot's mbarrier and marked evict-first in L2, and the gathered activations of
-// up to 64 tokens by per-thread cp.async, shared by the S stripes (S = 2 halves activation traffic and
-// per-byte overhead; S = 1 when there are too few units to fill the grid). The stage count per unit
-// follows its token count. Which CTA runs a unit, S, and how many token columns it pads to never change
-// the arithmetic of a column (one MMA chain over k in order per output), so results are batch invariant.
+// stride, see below). Each unit streams its S contiguous weight stripes once through a shared-memory ring: per
+// stage one bulk copy (TMA, cp.async.bulk) per stripe chunk, completing on that slot's mbarrier and marked
+// evict-first in L2, and the gathered activations of up to 64 tokens by per-thread cp.async, shared by the S
+// stripes (S = 2 halves activation traffic and per-byte overhead; S = 1 when there are too few units to fill
+// the grid). The stage count per unit follows its token count. Which CTA runs a unit, S, and how many token
+// columns it pads to never change the arithmetic of a column (one MMA chain over k in order per output), so
+// results are batch invariant.
 //
 // Dependent launches: align -> GEMM1 -> GEMM2 -> combine are each launched while the previous kernel runs.
 // Each kernel waits (grid_dependency_wait) before touching what earlier kernels write, except GEMM2's
@@ -152,7 +152,7 @@ __device__ void align_in_warp(const GemmParams& p, CtaRouting& r) {
 }
 
 struct UnitShared {
-    uint64_t full[kMaxStages];         // per ring slot: the stage's weight chunk has landed
+    uint64_t full[kMaxStages];         // per ring slot: the stage's S weight chunks have landed
     const bf16* rows[kBlockTokens];    // activation row to gather (token or pair), nullptr pads
     int pairs[kBlockTokens];           // -1 pads the block
     float weight[kBlockTokens];
@@ -162,7 +162,7 @@ struct UnitShared {
 // Unit ids: first every stripe of each wide block (align lists those first), then the narrow blocks' stripes
 // S at a time (S = 2 unless that leaves more than a fifth of the grid without a first unit).
 struct UnitMap {
-    int wide, wide_units, narrow_stripes, narrow_units_per_block, total;
+    int wide_units, narrow_stripes, narrow_units_per_block, total;
 };
 
 struct Unit {
@@ -174,14 +174,13 @@ struct Unit {
 
 __device__ __forceinline__ UnitMap make_unit_map(const GemmParams& p, const Routing& r) {
     UnitMap m;
-    const int blocks = r.count;
-    m.wide = r.wide;
-    m.wide_units = m.wide * p.stripes;
+    const int narrow_blocks = r.count - r.wide;
+    m.wide_units = r.wide * p.stripes;
     const bool paired = p.stripes % 2 == 0 &&
-                        5 * (m.wide_units + (blocks - m.wide) * (p.stripes / 2)) >= 4 * static_cast<int>(gridDim.x);
+                        5 * (m.wide_units + narrow_blocks * (p.stripes / 2)) >= 4 * static_cast<int>(gridDim.x);
     m.narrow_stripes = paired ? 2 : 1;
     m.narrow_units_per_block = p.stripes / m.narrow_stripes;
-    m.total = m.wide_units + (blocks - m.wide) * m.narrow_units_per_block;
+    m.total = m.wide_units + narrow_blocks * m.narrow_units_per_block;
     return m;
 }
 
@@ -191,7 +190,7 @@ __device__ __forceinline__ Unit locate(const GemmParams& p, const Routing& r, co
         return {blk, r.sorted_pairs + blk.y, unit % p.stripes, 1};
     }
     const int u = unit - m.wide_units;
-    const int4 blk = r.blocks[m.wide + u / m.narrow_units_per_block];
+    const int4 blk = r.blocks[r.wide + u / m.narrow_units_per_block];
     return {blk, r.sorted_pairs + blk.y, u % m.narrow_units_per_block * m.narrow_stripes, m.narrow_stripes};
 }
 
@@ -424,7 +423,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(const GemmParams 
     }
     // GEMM1 reads align's block list or the routing; GEMM2 starts only after every GEMM1 CTA passed this wait
     // (see top).
-    if (kGateUp) grid_dependency_wait();
+    if constexpr (kGateUp) grid_dependency_wait();
     allow_dependent_launch();
     Routing routing;
     if constexpr (kAlignInCta) {
@@ -577,8 +576,9 @@ cudaError_t configure_instance(int* per_sm) {
                                                          kRingBytes);
 }
 
-cudaError_t configure(int device, int* gemm_ctas) {
-    int sms = 0, per_sm[4] = {};
+cudaError_t configure(int* gemm_ctas) {
+    int device = 0, sms = 0, per_sm[4] = {};
+    DDTREE_RETURN_IF_ERROR(cudaGetDevice(&device));
     DDTREE_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     DDTREE_RETURN_IF_ERROR((configure_instance<true, false>(&per_sm[0])));
     DDTREE_RETURN_IF_ERROR((configure_instance<false, false>(&per_sm[1])));

@@ -87,8 +87,9 @@ struct MoeArgs {
     float routed_scaling_factor;
 };
 
-// Sets kernel attributes once per device and returns the persistent GEMM grid (CTAs resident at once).
-cudaError_t configure(int device, int* gemm_ctas);
+// Sets kernel attributes on the current device (once per device) and returns its persistent GEMM grid (CTAs
+// resident at once).
+cudaError_t configure(int* gemm_ctas);
 
 // The whole routed MoE on `stream`: 4 kernels (3 for at most 32 (token, slot) pairs, whose GEMMs align the
 // routing themselves and leave the workspace's routing buffers untouched), each launched as a programmatic
@@ -96,7 +97,8 @@ cudaError_t configure(int device, int* gemm_ctas);
 // (CUDA-graph capturable).
 cudaError_t moe_forward(const MoeArgs& args, const Workspace& ws, int gemm_ctas, cudaStream_t stream);
 
-// Routing alignment only (moe_align.cu): fills pair_rank, sorted_pairs, blocks, counters.
+// Routing alignment only (moe_align.cu): fills sorted_pairs, blocks, counters, and pair_rank for pairs past the
+// first 1024. moe_forward skips it for calls of at most 32 pairs.
 cudaError_t moe_align(const int32_t* topk_ids, const uint8_t* expert_mask, int tokens, int topk, int experts,
                       const Workspace& ws, cudaStream_t stream);
 

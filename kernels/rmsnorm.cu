@@ -21,8 +21,7 @@ struct NormArgs {
 
 template <int G, bool kVector, bool kFuseResidual>
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(const NormArgs a) {
-    allow_dependent_launch();  // a dependent GEMM next may start its weight prefetch during this kernel
-    grid_dependency_wait();  // launched as a dependent: inputs and outputs belong to earlier kernels until here
+    dependent_kernel_start();
     const int64_t row = blockIdx.x;
     const bf16* xr = a.x + row * a.x_ld;
     // Every load is issued before any store: a store to the residual could alias the next group's loads, and the
@@ -32,21 +31,15 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(const NormArgs a)
     if constexpr (kFuseResidual) {
         // residual + delta (+ delta2) in fp32, rounded once; the norm reads the rounded sum.
         bf16* res = a.residual + row * a.dim;
-        float r[G][kNormVec];
+        float r[G][kNormVec], v2[G][kNormVec];
         load_row<G, kVector>(r, res, a.dim);
-        if (a.x2 != nullptr) {
-            float v2[G][kNormVec];
-            load_row<G, kVector>(v2, a.x2 + row * a.x_ld, a.dim);
+        if (a.x2 != nullptr) load_row<G, kVector>(v2, a.x2 + row * a.x_ld, a.dim);
 #pragma unroll
-            for (int g = 0; g < G; ++g) {
+        for (int g = 0; g < G; ++g) {
 #pragma unroll
-                for (int j = 0; j < kNormVec; ++j) v[g][j] = (r[g][j] + v[g][j]) + v2[g][j];
-            }
-        } else {
-#pragma unroll
-            for (int g = 0; g < G; ++g) {
-#pragma unroll
-                for (int j = 0; j < kNormVec; ++j) v[g][j] = r[g][j] + v[g][j];
+            for (int j = 0; j < kNormVec; ++j) {
+                v[g][j] = r[g][j] + v[g][j];
+                if (a.x2 != nullptr) v[g][j] += v2[g][j];
             }
         }
 #pragma unroll

@@ -7,6 +7,7 @@ namespace ddtree::kernels {
 namespace {
 
 constexpr int kRopeThreads = 256;
+static_assert(kRopeMaxDim / 2 <= kRopeThreads && kRopeMaxDim / 2 <= kNormThreads, "a thread per rope pair");
 
 struct Rotation {
     float c, s;
@@ -20,13 +21,25 @@ __device__ __forceinline__ Rotation rotation(int i, int position, const RopePara
     return {c * r.attention_factor, s * r.attention_factor};
 }
 
+// The two dims of pair i: (2i, 2i + 1) interleaved, else (i, i + rope_dim / 2).
+struct PairDims {
+    int lo, hi;
+};
+__device__ __forceinline__ PairDims pair_dims(int i, const RopeParams& r) {
+    return {r.interleave ? 2 * i : i, r.interleave ? 2 * i + 1 : i + r.rope_dim / 2};
+}
+
+// (x0, x1) rotated, rounded to bf16, stored to dims d of `dst`.
+__device__ __forceinline__ void store_rotated(bf16* dst, PairDims d, float x0, float x1, Rotation rot) {
+    dst[d.lo] = __float2bfloat16(x0 * rot.c - x1 * rot.s);
+    dst[d.hi] = __float2bfloat16(x1 * rot.c + x0 * rot.s);
+}
+
 // Rotates pair i of `src` (rope_dim elements) into `dst`.
 __device__ __forceinline__ void rotate_pair(bf16* dst, const bf16* src, int i, Rotation rot, const RopeParams& r) {
-    const int lo = r.interleave ? 2 * i : i;
-    const int hi = r.interleave ? 2 * i + 1 : i + r.rope_dim / 2;
-    const float x0 = __bfloat162float(src[lo]), x1 = __bfloat162float(src[hi]);
-    dst[lo] = __float2bfloat16(x0 * rot.c - x1 * rot.s);
-    dst[hi] = __float2bfloat16(x1 * rot.c + x0 * rot.s);
+    const PairDims d = pair_dims(i, r);
+    const float x0 = __bfloat162float(src[d.lo]), x1 = __bfloat162float(src[d.hi]);
+    store_rotated(dst, d, x0, x1, rot);
 }
 
 // Thread t rotates pair t % half of heads t / half, t / half + kRopeThreads / half, ...: the row's angles are
@@ -37,14 +50,12 @@ __global__ void __launch_bounds__(kRopeThreads)
     rope_queries_kernel(bf16* __restrict__ out, int64_t out_ld, int64_t out_head, int out_offset,
                         const bf16* __restrict__ q, int64_t q_ld, int64_t q_head, int q_offset,
                         const int32_t* positions, int heads, RopeParams rope) {
-    allow_dependent_launch();  // a dependent GEMM next may start its weight prefetch during this kernel
-    grid_dependency_wait();  // launched as a dependent: inputs and outputs belong to earlier kernels until here
+    dependent_kernel_start();
     const int64_t row = blockIdx.x;
     const int half = rope.rope_dim / 2, heads_per_pass = kRopeThreads / half;
     const int i = threadIdx.x % half, h0 = threadIdx.x / half;
     if (h0 >= heads_per_pass) return;
-    const int lo = rope.interleave ? 2 * i : i;
-    const int hi = rope.interleave ? 2 * i + 1 : i + half;
+    const PairDims d = pair_dims(i, rope);
     bf16* dst = out + row * out_ld + out_offset;
     const bf16* src = q + row * q_ld + q_offset;
     const Rotation rot = rotation(i, positions[row], rope);
@@ -53,16 +64,13 @@ __global__ void __launch_bounds__(kRopeThreads)
 #pragma unroll
         for (int j = 0; j < kHeadBatch; ++j) {
             const int h = hb + j * heads_per_pass;
-            x0[j] = h < heads ? __bfloat162float(src[h * q_head + lo]) : 0.f;
-            x1[j] = h < heads ? __bfloat162float(src[h * q_head + hi]) : 0.f;
+            x0[j] = h < heads ? __bfloat162float(src[h * q_head + d.lo]) : 0.f;
+            x1[j] = h < heads ? __bfloat162float(src[h * q_head + d.hi]) : 0.f;
         }
 #pragma unroll
         for (int j = 0; j < kHeadBatch; ++j) {
             const int h = hb + j * heads_per_pass;
-            if (h < heads) {
-                dst[h * out_head + lo] = __float2bfloat16(x0[j] * rot.c - x1[j] * rot.s);
-                dst[h * out_head + hi] = __float2bfloat16(x1[j] * rot.c + x0[j] * rot.s);
-            }
+            if (h < heads) store_rotated(dst + h * out_head, d, x0[j], x1[j], rot);
         }
     }
 }
@@ -73,8 +81,7 @@ template <int G, bool kVector>
 __global__ void __launch_bounds__(kNormThreads)
     mla_store_kv_kernel(bf16* cache, const int32_t* slots, const bf16* kv_a, int64_t kv_ld, const bf16* norm_weight,
                         float eps, int kv_lora, const int32_t* positions, RopeParams rope) {
-    allow_dependent_launch();  // a dependent GEMM next may start its weight prefetch during this kernel
-    grid_dependency_wait();  // launched as a dependent: inputs and outputs belong to earlier kernels until here
+    dependent_kernel_start();
     const int64_t row = blockIdx.x;
     const bf16* src = kv_a + row * kv_ld;
     bf16* dst = cache + static_cast<int64_t>(slots[row]) * (kv_lora + rope.rope_dim);
@@ -93,7 +100,7 @@ __global__ void __launch_bounds__(kNormThreads)
 cudaError_t rope_queries(bf16* out, int64_t out_ld, int64_t out_head, int out_offset, const bf16* q, int64_t q_ld,
                          int64_t q_head, int q_offset, const int32_t* positions, int rows, int heads,
                          const RopeParams& rope, cudaStream_t stream) {
-    if (rows < 0 || heads <= 0 || rope.rope_dim <= 0 || rope.rope_dim % 2 || rope.rope_dim > kRopeMaxDim) {
+    if (rows < 0 || heads <= 0 || !rope_supported(rope.rope_dim)) {
         return cudaErrorInvalidValue;
     }
     if (rows == 0) {
@@ -106,8 +113,7 @@ cudaError_t rope_queries(bf16* out, int64_t out_ld, int64_t out_head, int out_of
 cudaError_t mla_store_kv(bf16* cache, const int32_t* slots, const bf16* kv_a, int64_t kv_ld,
                          const bf16* norm_weight, float eps, int kv_lora, const int32_t* positions, int rows,
                          const RopeParams& rope, cudaStream_t stream) {
-    if (rows < 0 || !norm_dim_supported(kv_lora) || rope.rope_dim <= 0 || rope.rope_dim % 2 ||
-        rope.rope_dim > kRopeMaxDim) {
+    if (rows < 0 || !norm_dim_supported(kv_lora) || !rope_supported(rope.rope_dim)) {
         return cudaErrorInvalidValue;
     }
     if (rows == 0) {

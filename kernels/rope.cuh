@@ -12,6 +12,8 @@ namespace ddtree::kernels {
 
 constexpr int kRopeMaxDim = 512;  // rope_dim of at most this (one thread per pair in a CTA of 256)
 
+inline bool rope_supported(int rope_dim) { return rope_dim > 0 && rope_dim % 2 == 0 && rope_dim <= kRopeMaxDim; }
+
 struct RopeParams {
     const float* inv_freq;  // device [rope_dim / 2]
     float attention_factor;

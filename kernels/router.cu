@@ -11,14 +11,17 @@ namespace {
 constexpr int kWarpsPerCta = 4;
 constexpr int kLoadBatch = 16;
 static_assert(kWarpsPerCta * kRouterMaxExperts * sizeof(float) <= 48 * 1024, "score rows fit without opt-in");
+static_assert(kRouterMaxTopk <= 32, "lane k holds the k-th choice");
+
+// The router's score, in the reference's form.
+__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 
 __global__ void __launch_bounds__(32 * kWarpsPerCta)
     route_topk_kernel(int32_t* topk_ids, float* topk_weights, const float* logits, const float* bias, int tokens,
                       int experts, int topk, bool normalize) {
     extern __shared__ float s_rows[];  // [kWarpsPerCta][experts]
     constexpr uint32_t kAll = 0xffffffffu;
-    allow_dependent_launch();  // a dependent GEMM next may start its weight prefetch during this kernel
-    grid_dependency_wait();  // launched as a dependent: inputs and outputs belong to earlier kernels until here
+    dependent_kernel_start();
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int token = blockIdx.x * kWarpsPerCta + warp;
     if (token >= tokens) return;
@@ -39,7 +42,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta)
 #pragma unroll
         for (int j = 0; j < kLoadBatch; ++j) {
             const int e = base + 32 * j;
-            const float score = 1.f / (1.f + expf(-logit[j])) + b[j];
+            const float score = sigmoid(logit[j]) + b[j];
             if (e < experts) s_biased[e] = isnan(score) ? -INFINITY : score;
         }
     }
@@ -57,7 +60,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta)
         if (lane == 0) s_biased[best.index] = NAN;
         __syncwarp();
     }
-    const float weight = lane < topk ? 1.f / (1.f + expf(-row[chosen])) : 0.f;
+    const float weight = lane < topk ? sigmoid(row[chosen]) : 0.f;
     float sum = 0.f;  // in slot order, as the reference sums
     for (int k = 0; k < topk; ++k) sum += __shfl_sync(kAll, weight, k);
     if (lane < topk) {

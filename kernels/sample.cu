@@ -12,8 +12,7 @@ __global__ void __launch_bounds__(kThreads)
     sample_kernel(int32_t* tokens, const float* logits, int64_t ld, int vocab, const float* temperature,
                   const unsigned long long* seed, const int32_t* stream_ids, const int32_t* positions) {
     __shared__ Best warp_bests[kThreads / 32];
-    allow_dependent_launch();  // the decode-state advance may launch early; it waits for this grid
-    grid_dependency_wait();  // launched as a dependent: inputs and outputs belong to earlier kernels until here
+    dependent_kernel_start();
     const int row = blockIdx.x;
     const float* x = logits + row * ld;
     const float temp = *temperature;
@@ -25,7 +24,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = threadIdx.x; i < vocab; i += kThreads) {
         float v = x[i];
         if (!greedy) {
-            const uint64_t h = mix64(key + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull);
+            const uint64_t h = hash_at(key, i);
             const float u = (static_cast<float>(h >> 40) + 0.5f) * (1.f / 16777216.f);  // (0, 1)
             v = v * inv_t - logf(-logf(u));
         }

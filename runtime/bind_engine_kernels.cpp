@@ -21,11 +21,6 @@ namespace k = ddtree::kernels;
 
 namespace ddtree {
 
-cudaStream_t& kernel_launch_stream() {
-    static cudaStream_t stream = nullptr;
-    return stream;
-}
-
 namespace {
 
 // Extent i of argument `name`; too few dimensions is the caller's error, not an out-of-range read.

@@ -46,8 +46,7 @@ void rmsnorm(CudaArray out, CudaArray x, CudaArray weight, float eps) {
 // residual += delta (+ delta2, when given) in fp32, rounded once; out = rmsnorm(residual) * weight.
 void add_rmsnorm(CudaArray out, CudaArray residual, CudaArray delta, CudaArray weight, float eps,
                  std::optional<CudaArray> delta2) {
-    same_device({&out, &residual, &delta, &weight});
-    if (delta2) same_device({&residual, &*delta2});
+    same_device({&out, &residual, &delta, delta2 ? &*delta2 : &delta, &weight});
     const auto [rows, dim] = norm_rows(residual, "residual");
     auto* res_p = checked<k::bf16>(residual, "residual", DType::bf16, {rows, dim});
     auto* delta_p = checked<const k::bf16>(delta, "delta", DType::bf16, {rows, dim});

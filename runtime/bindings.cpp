@@ -7,6 +7,11 @@
 
 namespace nb = nanobind;
 
+cudaStream_t& ddtree::kernel_launch_stream() {
+    static cudaStream_t stream = nullptr;
+    return stream;
+}
+
 NB_MODULE(_native, m) {
     m.doc() = "ddtree native runtime: CUDA kernels and the decode engine";
     nb::exception<ddtree::CudaError>(m, "CudaError", PyExc_RuntimeError);

@@ -147,7 +147,7 @@ Engine::Engine(const ModelDims& dims, const RopeTable& rope, int streams, int ma
     // Memory pre-flight: refuse, with the numbers, a configuration that cannot fit.
     const size_t weights = Weights::planned_bytes(dims, max_rows_);
     const size_t kv = static_cast<size_t>(dims.layers) * streams * max_context * dims.latent_row() * 2;
-    const size_t scratch = device_bytes();
+    const size_t scratch = allocate_buffers(true);
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     if (weights + kv + scratch + kHeadroomBytes > free_bytes) {
@@ -160,7 +160,9 @@ Engine::Engine(const ModelDims& dims, const RopeTable& rope, int streams, int ma
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     try {
         weights_ = std::make_unique<Weights>(dims, device, max_rows_, stream_);
-        allocate_buffers();
+        CUDA_CHECK(cudaMalloc(&kv_cache_, kv));
+        allocations_.push_back(kv_cache_);
+        allocate_buffers(false);
     } catch (...) {
         for (void* p : allocations_) cudaFree(p);
         weights_.reset();
@@ -180,32 +182,19 @@ Engine::~Engine() {
     cudaStreamDestroy(stream_);
 }
 
-// Scratch of the plain INT4 expert path; the fused MoE layers have their own workspace.
-size_t Engine::expert_act_elems() const {
-    return Weights::marlin_supported(dims_) ? 0 : static_cast<size_t>(max_rows_) * dims_.topk * dims_.moe_inter;
-}
-
-// The bytes allocate_buffers takes besides the KV cache (counted apart by the pre-flight), buffer by buffer.
-size_t Engine::device_bytes() const {
+// Every device buffer besides the weights and the KV cache. With count_only nothing is allocated or written and
+// every pointer stays null: the call returns the bytes it would take, which is what the memory pre-flight adds up,
+// so the two never disagree.
+size_t Engine::allocate_buffers(bool count_only) {
     const ModelDims& d = dims_;
     const size_t r = max_rows_;
-    const size_t bf = r * (5 * d.hidden + d.qkv_a() + d.q_lora + d.heads * d.qk() + d.heads * d.latent_row() +
-                           d.heads * d.kv_lora + d.heads * d.v + std::max(d.inter, d.shared_inter)) +
-                      expert_act_elems();
-    const auto [ws, counters] = gemm_scratch(d, static_cast<int>(r));
-    const size_t f32 = r * (d.experts + d.topk + d.vocab) + 1 + ws + d.rope / 2 +
-                       k::mla_workspace_floats({d.heads, d.kv_lora, d.rope}, static_cast<int>(r), max_context_);
-    const size_t i32 = r * d.topk + static_cast<size_t>(d.layers - d.first_dense) * r * d.topk + r +
-                       static_cast<size_t>(streams_) * max_steps_ + 1 + counters + 2 * 9 * r;
-    return bf * 2 + f32 * 4 + i32 * 4 + sizeof(unsigned long long);
-}
-
-void Engine::allocate_buffers() {
-    const ModelDims& d = dims_;
-    const size_t r = max_rows_;
-    auto alloc = [&](size_t bytes) {
+    size_t total = 0;
+    auto alloc = [&](size_t bytes) -> void* {
+        bytes = std::max<size_t>(bytes, 16);
+        total += bytes;
+        if (count_only) return nullptr;
         void* p = nullptr;
-        CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+        CUDA_CHECK(cudaMalloc(&p, bytes));
         allocations_.push_back(p);
         return p;
     };
@@ -223,9 +212,9 @@ void Engine::allocate_buffers() {
     delta_ = bf(r * d.hidden);
     delta2_ = bf(r * d.hidden);
     act_ = bf(r * std::max(d.inter, d.shared_inter));
-    expert_act_ = expert_act_elems() > 0 ? bf(expert_act_elems()) : nullptr;
+    // Scratch of the plain INT4 expert path; the fused MoE layers have their own workspace.
+    expert_act_ = Weights::marlin_supported(d) ? nullptr : bf(r * d.topk * d.moe_inter);
     hsel_ = bf(r * d.hidden);
-    kv_cache_ = bf(static_cast<size_t>(d.layers) * streams_ * max_context_ * d.latent_row());
     router_logits_ = f32(r * d.experts);
     topk_weights_ = f32(r * d.topk);
     logits_ = f32(r * d.vocab);
@@ -236,27 +225,30 @@ void Engine::allocate_buffers() {
     step_ = i32(1);
     temperature_ = f32(1);
     seed_ = static_cast<unsigned long long*>(alloc(8));
-
     const auto [ws, counters] = gemm_scratch(d, static_cast<int>(r));
     gemm_ws_ = f32(ws);
     gemm_counters_ = i32(counters);
-    CUDA_CHECK(cudaMemsetAsync(gemm_counters_, 0, std::max<size_t>(counters, 4) * 4, stream_));
     attn_ws_ = f32(k::mla_workspace_floats({d.heads, d.kv_lora, d.rope}, static_cast<int>(r), max_context_));
-    for (RowBuffers* rows : {&eager_rows_, &decode_rows_}) {
-        int32_t* base = i32(9 * r);
-        *rows = RowBuffers{base, base + r, base + 2 * r, base + 3 * r, base + 4 * r,
-                           base + 5 * r, base + 6 * r, base + 7 * r, base + 8 * r};
-    }
+    int32_t* row_tables[2] = {i32(9 * r), i32(9 * r)};
+    rope_device_ = f32(d.rope / 2);
+    if (count_only) return total;
+
+    auto row_buffers = [&](int32_t* base) {
+        return RowBuffers{base,         base + r,     base + 2 * r, base + 3 * r, base + 4 * r,
+                          base + 5 * r, base + 6 * r, base + 7 * r, base + 8 * r};
+    };
+    eager_rows_ = row_buffers(row_tables[0]);
+    decode_rows_ = row_buffers(row_tables[1]);
     // A decode step's logit rows are its stream rows, and their sampling keys the live positions, which
     // advance_decode moves on the device between replays.
     decode_rows_.logit_stream_ids = decode_rows_.stream_ids;
     decode_rows_.logit_positions = decode_rows_.positions;
-    float* inv_freq = f32(d.rope / 2);
+    CUDA_CHECK(cudaMemsetAsync(gemm_counters_, 0, std::max<size_t>(counters, 4) * 4, stream_));
     // On the engine's stream, like every upload: a pageable cudaMemcpy may return before its DMA lands.
-    CUDA_CHECK(cudaMemcpyAsync(inv_freq, rope_.inv_freq.data(), rope_.inv_freq.size() * 4, cudaMemcpyHostToDevice,
-                               stream_));
+    CUDA_CHECK(cudaMemcpyAsync(rope_device_, rope_.inv_freq.data(), rope_.inv_freq.size() * 4,
+                               cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    rope_device_ = inv_freq;
+    return total;
 }
 
 void Engine::check_rows(const std::vector<int32_t>& streams, const std::vector<int32_t>& positions) const {
@@ -446,8 +438,7 @@ std::vector<int32_t> Engine::prefill(const std::vector<std::vector<int32_t>>& pr
             if (c_pos[r] + 1 == static_cast<int32_t>(prompts[c_streams[r]].size())) last.push_back(static_cast<int32_t>(r));
         }
         upload_rows(eager_rows_, c_ids, c_streams, c_pos, last);
-        const int longest = *std::max_element(c_pos.begin(), c_pos.end()) + 1;
-        forward(eager_rows_, static_cast<int>(c_ids.size()), static_cast<int>(last.size()), attention_span(longest),
+        forward(eager_rows_, static_cast<int>(c_ids.size()), static_cast<int>(last.size()), attention_span(c_pos, 1),
                 nullptr, false);
         if (!last.empty()) {
             sample(eager_rows_, static_cast<int>(last.size()));
@@ -466,7 +457,8 @@ void Engine::set_decode_state(const std::vector<int32_t>& ids, const std::vector
     upload_rows(decode_rows_, ids, streams, positions, streams);  // stream i is row i, and every row has logits
 }
 
-int Engine::attention_span(int longest) const {
+int Engine::attention_span(const std::vector<int32_t>& positions, int ahead) const {
+    const int longest = *std::max_element(positions.begin(), positions.end()) + ahead;
     int granule = k::kMlaChunk;  // a quarter of the power of two below `longest`, in whole chunks
     while (granule * 8 <= longest) granule *= 2;
     return std::min((longest + granule - 1) / granule * granule, max_context_);
@@ -525,9 +517,8 @@ std::vector<std::vector<int32_t>> Engine::decode(const std::vector<int32_t>& fir
     CUDA_CHECK(cudaMemcpyAsync(step_, &one, 4, cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     if (steps > 0) {
-        int longest = 0;  // kv_len of the last step's rows
-        for (int i = 0; i < n; ++i) longest = std::max(longest, prompt_lengths[i] + steps);
-        Graph& g = decode_graph(n, attention_span(longest));
+        // The last step's row of stream i sits at position prompt_lengths[i] + steps - 1.
+        Graph& g = decode_graph(n, attention_span(prompt_lengths, steps));
         for (int i = 0; i < steps; ++i) CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
     }
     CUDA_CHECK(cudaMemcpyAsync(history_init.data(), history_, history_init.size() * 4, cudaMemcpyDeviceToHost, stream_));
@@ -552,8 +543,7 @@ std::vector<float> Engine::forward_logits(const std::vector<int32_t>& ids, const
     std::vector<int32_t> all(n);
     std::iota(all.begin(), all.end(), 0);
     upload_rows(eager_rows_, ids, streams, positions, all);
-    forward(eager_rows_, n, n, attention_span(*std::max_element(positions.begin(), positions.end()) + 1), nullptr,
-            routing != nullptr);
+    forward(eager_rows_, n, n, attention_span(positions, 1), nullptr, routing != nullptr);
     std::vector<float> logits(static_cast<size_t>(n) * dims_.vocab);
     CUDA_CHECK(cudaMemcpyAsync(logits.data(), logits_, logits.size() * 4, cudaMemcpyDeviceToHost, stream_));
     if (routing != nullptr) {
@@ -587,7 +577,7 @@ std::pair<double, double> Engine::time_decode(int n, const std::vector<int32_t>&
     const int32_t zero = 0;
     CUDA_CHECK(cudaMemcpyAsync(step_, &zero, 4, cudaMemcpyHostToDevice, stream_));
     // Replays reach kv_len p + iters at most (the warm-up replay is undone by the second set_decode_state).
-    Graph& g = decode_graph(n, attention_span(*std::max_element(positions.begin(), positions.end()) + iters));
+    Graph& g = decode_graph(n, attention_span(positions, iters));
     CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));  // warm-up
     set_decode_state(ids, positions, n);
     CUDA_CHECK(cudaMemcpyAsync(step_, &zero, 4, cudaMemcpyHostToDevice, stream_));
@@ -623,7 +613,7 @@ StepProfile Engine::profile_step(int n, const std::vector<int32_t>& positions, i
     check_rows(streams, positions);
     std::map<std::string, double> seconds;
     set_decode_state(ids, positions, n);  // an eager step leaves the rows as they are
-    const int span = attention_span(*std::max_element(positions.begin(), positions.end()) + 1);
+    const int span = attention_span(positions, 1);
     for (int i = 0; i <= iters; ++i) {
         Timeline timeline(stream_);
         CUDA_CHECK(cudaLaunchHostFunc(stream_, hold_stream, nullptr));

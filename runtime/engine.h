@@ -44,7 +44,6 @@ class Engine {
     int max_context() const { return max_context_; }
     int device() const { return device_; }
     Weights& weights() { return *weights_; }
-    size_t device_bytes() const;
 
     // Prefill each prompt into its stream (stream i <- prompts[i], from position 0) and choose each stream's
     // first new token; returns them.
@@ -78,8 +77,7 @@ class Engine {
     };
     class Timeline;
 
-    void allocate_buffers();
-    size_t expert_act_elems() const;
+    size_t allocate_buffers(bool count_only);
     void upload_rows(const RowBuffers& rows, const std::vector<int32_t>& ids, const std::vector<int32_t>& streams,
                      const std::vector<int32_t>& positions, const std::vector<int32_t>& logit_rows);
     // `span` bounds every row's kv_len: attention launches a chunk CTA per 512 keys of it for each row. With
@@ -88,11 +86,11 @@ class Engine {
                  bool capture_routing);
     void sample(const RowBuffers& rows, int n_logit_rows);
     void set_decode_state(const std::vector<int32_t>& ids, const std::vector<int32_t>& positions, int n);
-    // The attention span for rows of kv_len <= longest: whole key chunks, rounded up to a quarter of the power of
-    // two below `longest` (at most 25% spare keys; four decode graphs per doubling of a stream's context), and
-    // at most max_context. CTAs past a row's length exit at once, but a grid sized by max_context launched
-    // thousands of them per layer when max_context was long and the contexts short.
-    int attention_span(int longest) const;
+    // The attention span for rows whose kv_len reaches at most longest = max(positions) + ahead: whole key chunks,
+    // rounded up to a quarter of the power of two below `longest` (at most 25% spare keys; four decode graphs per
+    // doubling of a stream's context), and at most max_context. CTAs past a row's length exit at once, but a grid
+    // sized by max_context launched thousands of them per layer when max_context was long and the contexts short.
+    int attention_span(const std::vector<int32_t>& positions, int ahead) const;
     // The decode step of `n` streams whose rows stay within `span` keys, captured on first use.
     Graph& decode_graph(int n, int span);
     void check_rows(const std::vector<int32_t>& streams, const std::vector<int32_t>& positions) const;

@@ -68,6 +68,7 @@ Weights::Weights(const ModelDims& d, int device, int max_tokens, cudaStream_t st
         add("model.embed_tokens.weight", embed, d.vocab * h * 2);
         add("model.norm.weight", final_norm, h * 2);
         add("lm_head.weight", lm_head, d.vocab * h * 2);
+        std::shared_ptr<const MoeWorkspace> moe_workspace;  // one for every fused MoE layer (they run in turn)
         for (int l = 0; l < d.layers; ++l) {
             LayerWeights& w = layers[l];
             w.input_norm = alloc_bf16(h);
@@ -109,8 +110,8 @@ Weights::Weights(const ModelDims& d, int device, int max_tokens, cudaStream_t st
             if (marlin_supported(d)) {
                 const MoeLayerShape shape{d.experts, d.hidden, d.moe_inter, d.topk, max_tokens,
                                           d.routed_scaling_factor};
-                if (moe_workspace_ == nullptr) moe_workspace_ = std::make_shared<const MoeWorkspace>(shape, device);
-                w.marlin = std::make_unique<MoeLayer>(shape, device, moe_workspace_);
+                if (moe_workspace == nullptr) moe_workspace = std::make_shared<const MoeWorkspace>(shape, device);
+                w.marlin = std::make_unique<MoeLayer>(shape, device, moe_workspace);
             } else {
                 const ExpertProjectionBytes one = expert_projection_bytes(d);
                 const size_t packed = one.packed * d.experts, scales = one.scales * d.experts;
@@ -288,13 +289,14 @@ void Weights::randomize(uint64_t seed) {
             CUDA_CHECK(k::fill_random_bytes(w.marlin->w2(), w.marlin->w2_bytes_per_expert() * d.experts, ++salt,
                                             0x30, 0x3c, stream_));
         } else {
-            const size_t m = static_cast<size_t>(d.experts) * d.moe_inter * h;
+            const ExpertProjectionBytes one = expert_projection_bytes(d);
             for (const k::bf16* scale : {w.plain.gate_scale, w.plain.up_scale, w.plain.down_scale}) {
-                CUDA_CHECK(k::fill_random_bf16(const_cast<k::bf16*>(scale), m / 32, ++salt, 0.005f, 0.01f, stream_));
+                CUDA_CHECK(k::fill_random_bf16(const_cast<k::bf16*>(scale), one.scales / 2 * d.experts, ++salt,
+                                               0.005f, 0.01f, stream_));
             }
             for (const int32_t* packed : {w.plain.gate_packed, w.plain.up_packed, w.plain.down_packed}) {
-                CUDA_CHECK(k::fill_random_bytes(reinterpret_cast<uint8_t*>(const_cast<int32_t*>(packed)), m / 2,
-                                                ++salt, 0, 255, stream_));
+                CUDA_CHECK(k::fill_random_bytes(reinterpret_cast<uint8_t*>(const_cast<int32_t*>(packed)),
+                                                one.packed * d.experts, ++salt, 0, 255, stream_));
             }
         }
         w.expert_uploaded.assign(d.experts, true);

@@ -104,7 +104,6 @@ class Weights {
     std::vector<void*> allocations_;
     std::map<std::string, Slot> slots_;
     std::vector<kernels::bf16*> gate_stage_, up_stage_;  // gate/up rows until both halves arrived
-    std::shared_ptr<const MoeWorkspace> moe_workspace_;   // one for every fused MoE layer (they run in turn)
     std::vector<uint8_t> w13_repacked_, w2_repacked_;      // one expert's repacked bytes on their way up
 };
 

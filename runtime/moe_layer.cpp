@@ -51,7 +51,7 @@ MoeLayer::MoeLayer(const MoeLayerShape& shape, int device, std::shared_ptr<const
         throw std::invalid_argument("the shared MoE workspace was made for another shape or device");
     }
     CUDA_CHECK(cudaSetDevice(device));
-    CUDA_CHECK(k::configure(device, &gemm_ctas_));
+    CUDA_CHECK(k::configure(&gemm_ctas_));
     try {
         CUDA_CHECK(cudaMalloc(&w13_, w13_bytes_per_expert() * shape.experts));
         CUDA_CHECK(cudaMalloc(&w2_, w2_bytes_per_expert() * shape.experts));
