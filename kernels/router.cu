@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta)
         Best best{-INFINITY, experts};
 #pragma unroll 4
         for (int e = lane; e < experts; e += 32) {
-            if (!isnan(s_biased[e])) best = better(best, Best{s_biased[e], e});
+            best = better(best, Best{s_biased[e], e});  // a taken expert's NaN never wins
         }
         best = warp_best(best);
         if (lane == k) chosen = best.index;
