@@ -22,7 +22,7 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
 #define REGS16 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
 #define REGS32 REGS16 ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
 
-// One wgmma m64nNk16 into d (N / 2 accumulators per thread). SS: a and b are descriptors; RS: a_regs and b.
+// One wgmma m64nNk16 into d (N / 2 accumulators per thread). SS: descriptors a and b; RS: registers r, descriptor b.
 template <int N, bool kRegisterA>
 __device__ __forceinline__ void wgmma(float (&d)[32], uint64_t a, const uint32_t (&r)[4], uint64_t b) {
 #define RS_OPS "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]), "l"(b)
