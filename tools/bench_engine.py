@@ -79,11 +79,11 @@ def copies_for(nbytes: int) -> int:
 
 def same_size_stream(nbytes: int, bw: float) -> float:
     """Fraction of the copy bandwidth that one torch elementwise kernel reading and writing `nbytes` reaches
-    (rotated buffers, timed as the kernels are): the fixed cost of one streaming call at that size, which bounds
-    what any kernel streaming that many bytes can show against the floor. (A graph-captured copy_ is a memcpy
-    node, which ran a 2.3 GB copy at two thirds of the rate of the eager copy that defines the floor.)"""
+    (rotated buffers, timed as the kernels are): a reference for the fixed cost of one call at that size, next to
+    the GEMM reading the same bytes. (A graph-captured copy_ is a memcpy node, which ran a 2.3 GB copy at two
+    thirds of the rate of the eager copy that defines the floor.)"""
     copies = copies_for(2 * nbytes)
-    src = [torch.randn(nbytes // 2, device="cuda").bfloat16() for _ in range(copies)]
+    src = [torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
     dst = [torch.empty_like(t) for t in src]
     it = iter(range(1 << 30))
 
@@ -94,7 +94,8 @@ def same_size_stream(nbytes: int, bw: float) -> float:
     return 2 * nbytes / bw / (median_ms(stream) * 1e-3)
 
 
-def bench_gemm(name: str, n: int, k: int, batch: int, epilogue: str, rows: int, bw: float, ceiling: float) -> dict:
+def bench_gemm(name: str, n: int, k: int, batch: int, epilogue: str, rows: int, bw: float,
+               stream_fraction: float) -> dict:
     copies = copies_for(batch * n * k * 2)
     shape = (batch, n, k) if batch > 1 else (n, k)
     ws = [torch.randn(shape, device="cuda").mul_(k**-0.5).bfloat16() for _ in range(copies)]
@@ -122,7 +123,8 @@ def bench_gemm(name: str, n: int, k: int, batch: int, epilogue: str, rows: int, 
     floor_ms = bytes_moved / bw * 1e3
     return {"kernel": f"gemm {name}", "rows": rows, "shape": f"{batch}x{n}x{k}" if batch > 1 else f"{n}x{k}",
             "ms": t, "floor_ms": floor_ms, "of_copy_bw": floor_ms / t, "peer": "torch bf16 matmul",
-            "peer_ms": t_peer, "splits": kernels.gemm_split_count(n, k, batch), "same_size_stream_of_copy_bw": ceiling}
+            "peer_ms": t_peer, "splits": kernels.gemm_split_count(n, k, batch),
+            "same_size_stream_of_copy_bw": stream_fraction}
 
 
 def bench_attention(rows: int, context: int, bw: float, heads: int = 64, lora: int = 512, rope: int = 64,
@@ -228,10 +230,10 @@ def write_reports(out: Path, report: dict) -> None:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["kernels"]:
         peer_ms = f"{r['peer_ms']:.4f}" if r["peer_ms"] is not None else ""
-        ceiling = r.get("same_size_stream_of_copy_bw")
-        ceiling = f"{100 * ceiling:.0f}%" if ceiling is not None else ""
+        stream = r.get("same_size_stream_of_copy_bw")
+        stream = f"{100 * stream:.0f}%" if stream is not None else ""
         lines.append(f"| {r['kernel']} | {r['shape']} | {r['rows']} | {r['ms']:.4f} | {r['floor_ms']:.4f} | "
-                     f"{100 * r['of_copy_bw']:.0f}% | {ceiling} | {r['peer']} | {peer_ms} | "
+                     f"{100 * r['of_copy_bw']:.0f}% | {stream} | {r['peer']} | {peer_ms} | "
                      f"{r['splits'] or ''} |")
     lines += ["", "## Autoregressive decode (CUDA graph replay)", "",
               "| streams | context | engine max_context | ms/step | tokens/s | host us/step |",
@@ -273,11 +275,11 @@ def main(argv: list[str] | None = None) -> int:
              ("shared down", d.hidden_size, d.moe_intermediate_size, 1, "bf16"),
              ("router", d.n_routed_experts, d.hidden_size, 1, "f32"),
              ("lm_head", d.vocab_size, d.hidden_size, 1, "f32")]
-    ceilings = {name: same_size_stream(batch * n * k * 2, bw) for name, n, k, batch, _ in gemms}
+    stream_fractions = {name: same_size_stream(batch * n * k * 2, bw) for name, n, k, batch, _ in gemms}
     kernel_rows = []
     for rows in ROWS:
         for name, n, k, batch, epi in gemms:
-            kernel_rows.append(bench_gemm(name, n, k, batch, epi, rows, bw, ceilings[name]))
+            kernel_rows.append(bench_gemm(name, n, k, batch, epi, rows, bw, stream_fractions[name]))
             r = kernel_rows[-1]
             print(f"{r['kernel']} x{rows}: {r['ms']:.4f} ms, {100 * r['of_copy_bw']:.0f}% of copy BW, "
                   f"torch {r['peer_ms']:.4f} ms", flush=True)

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Tensor-core rates of the MMA shapes ddtree's kernels issue, measured on this GPU (tools/mma_rates.cu).
 
-Compiles tools/mma_rates.cu with nvcc for the device's architecture, runs it, and writes mma.json and mma.md to
---out: TFLOP/s and time per MMA per SM (mma.sync: per scheduler) for mma.sync m16n8k16 with one and with eight
-independent accumulator chains per warp at 4, 8 and 16 warps per SM, and wgmma m64nNk16 with both operands in
-shared memory (SS) or A in registers (RS) at 1, 2 and 3 warpgroups per SM. These are the measured tensor rates
-the engine and MoE notes compare kernels' MMA work against.
+Compiles tools/mma_rates.cu with nvcc for sm_90a (the wgmma instructions need it), runs it, and writes mma.json
+and mma.md to --out: TFLOP/s and time per MMA per SM (mma.sync: per scheduler) for mma.sync m16n8k16 with one
+and with eight independent accumulator chains per warp at 4, 8 and 16 warps per SM, and wgmma m64nNk16 with both
+operands in shared memory (SS) or A in registers (RS) at 1, 2 and 3 warpgroups per SM. These are the measured
+tensor rates the engine and MoE notes compare kernels' MMA work against.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def measure() -> list[dict]:
         binary = Path(tmp) / "mma_rates"
         subprocess.run([nvcc(), "-O3", "-std=c++17", "-gencode", "arch=compute_90a,code=sm_90a", "-o", str(binary),
                         str(SOURCE)], check=True)
-        out = subprocess.run([str(binary)], check=True, capture_output=True, text=True).stdout
+        out = subprocess.run([str(binary)], check=True, stdout=subprocess.PIPE, text=True).stdout  # errors: stderr
     rows = []
     for line in out.splitlines():
         kind, shape, units, tflops, ns = line.split()

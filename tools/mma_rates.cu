@@ -1,7 +1,8 @@
 // Tensor-core rates of one GPU for the MMA shapes ddtree's kernels use: mma.sync m16n8k16 (GEMM, MoE) and
 // warpgroup wgmma m64nNk16 with both operands in shared memory (SS, attention scores) or A in registers (RS,
-// attention P.V and a register-A MoE), bf16 in, fp32 accumulators. Every SM runs one CTA whose warps (or
-// warpgroups) issue independent chains of MMAs on fixed operands; the rate is FLOPs over CUDA-event time.
+// attention P.V and a register-A MoE), bf16 in, fp32 accumulators. The grid has one CTA per SM (all resident at
+// once, one per SM as the block scheduler places them), whose warps or warpgroups issue chains of MMAs on fixed
+// operands; the rate is FLOPs over CUDA-event time.
 // Built and run by tools/bench_mma.py; prints one line per case: kind shape units_per_sm tflops ns_per_mma.
 #include <cstdint>
 #include <cstdio>
@@ -134,12 +135,10 @@ cudaError_t time_kernel(Kernel kernel, int ctas, int threads, int smem, float* s
 }
 
 constexpr int kSteps = 20000;
-constexpr int kSmem = 20 * 1024;
+constexpr int kSmem = 20 * 1024;  // the operands and the 1024-byte alignment, under the 48 KB default
 
 template <int N, bool kRegisterA>
 cudaError_t report_wgmma(int sms, float* sink) {
-    DDTREE_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(wgmma_kernel<N, kRegisterA>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     for (int groups = 1; groups <= 3; ++groups) {
         float ms = 0.f;
         DDTREE_RETURN_IF_ERROR(time_kernel(wgmma_kernel<N, kRegisterA>, sms, 128 * groups, kSmem, sink, kSteps, &ms));
