@@ -118,6 +118,17 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
         : "memory");
 }
 
+// One box of a 2-D tensor map (`map`: a CUtensorMap in kernel-parameter or global memory) at (col, row) into
+// shared memory at `dst`, counted on `bar`, evict-first; parts of the box past the tensor arrive as zeros and
+// count too.
+__device__ __forceinline__ void bulk_tensor_load_2d(uint32_t dst, const void* map, int col, int row, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
+        "%3}], [%4], %5;\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_addr(bar)), "l"(kL2EvictFirstPolicy)
+        : "memory");
+}
+
 // Orders this thread's earlier shared-memory accesses before later bulk copies into the same bytes.
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");

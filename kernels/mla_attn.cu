@@ -18,6 +18,7 @@
 
 #include "gemm_mma.cuh"
 #include "mla_attn.cuh"
+#include "wgmma.cuh"
 
 namespace ddtree::kernels {
 namespace {
@@ -54,34 +55,13 @@ __device__ __forceinline__ uint32_t swizzled(int r, int c, int rows) {
 // P tile [64 heads][32 keys] bf16, 64-byte rows: chunk ^= (row / 2) % 4 keeps ldmatrix and stores conflict-free.
 __device__ __forceinline__ uint32_t p_offset(int r, int chunk) { return r * 64 + ((chunk ^ ((r >> 1) & 3)) * 16); }
 
-// wgmma shared-memory descriptor, 128-byte swizzle. K-major: sbo = stride of 8-row groups (lbo unused);
-// MN-major: lbo = stride of 64-column blocks, sbo = stride of 8-row (K) groups.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-    return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16 |
-           static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32 | uint64_t{1} << 62;
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-
-// Keeps the compiler from moving accumulator reads/writes across wgmma issue and wait.
-template <int N>
-__device__ __forceinline__ void fence_registers(float (&r)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-
-#define DDTREE_F4(d, b) "+f"(d[b]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3])
-#define DDTREE_F16(d, b) DDTREE_F4(d, b), DDTREE_F4(d, b + 4), DDTREE_F4(d, b + 8), DDTREE_F4(d, b + 12)
-
 // d[64 x 32] (+)= A[64 x 16] B[16 x 32]; A and B K-major in shared memory.
 __device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
         "%12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-        : DDTREE_F16(d, 0)
+        : DDTREE_WGMMA_D16(d, 0)
         : "l"(a), "l"(b), "r"(accumulate));
 }
 
@@ -92,22 +72,8 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
         "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
         "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-        : DDTREE_F16(d, 0), DDTREE_F16(d, 16)
+        : DDTREE_WGMMA_D16(d, 0), DDTREE_WGMMA_D16(d, 16)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-
-#undef DDTREE_F16
-#undef DDTREE_F4
-
-// One 2-D tile of the cache (box: 64 columns x kTileKeys rows, 128-byte swizzle) into shared memory, counted on
-// `bar`; rows or columns past the tensor's extent arrive as zeros and count too. Evict-first: the cache is
-// streamed once per launch, and the chunk partials should stay in L2 for the merge.
-__device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* map, int col, int row, uint64_t* bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
-        "%3}], [%4], %5;\n" ::"r"(dst),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_addr(bar)), "l"(kL2EvictFirstPolicy)
-        : "memory");
 }
 
 // Barrier among the 128 threads of one warpgroup (ids 1.. : 0 is __syncthreads).
@@ -159,13 +125,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     cp_async_commit();
     __syncthreads();  // barriers initialised before the first copy counts on them
-    // One thread issues each tile: kBlocks bulk-tensor copies of 64 columns into the swizzled stage.
+    // One thread issues each tile: kBlocks bulk-tensor copies of 64 columns into the swizzled stage (rows past
+    // the cache arrive as zeros). Evict-first: the cache is streamed once per launch, and the chunk partials should
+    // stay in L2 for the merge.
     auto issue = [&](int tile) {
         const int slot = tile % kStages;
         barrier_arrive_expect_tx(&full[slot], T::stage_bytes);
         for (int b = 0; b < T::kBlocks; ++b) {
-            tma_load_tile(kv_addr + slot * T::stage_bytes + b * kTileKeys * kSwizzleRow, &cache_map, 64 * b,
-                          first_key_row + tile * kTileKeys, &full[slot]);
+            bulk_tensor_load_2d(kv_addr + slot * T::stage_bytes + b * kTileKeys * kSwizzleRow, &cache_map, 64 * b,
+                                first_key_row + tile * kTileKeys, &full[slot]);
         }
     };
     auto wait_tile = [&](int tile) { barrier_wait(&full[tile % kStages], (tile / kStages) & 1); };
@@ -202,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                    stage_desc + (kk / 4) * (kTileKeys * kSwizzleRow / 16) + off, kk > 0);
             }
             wgmma_commit();
-            wgmma_wait_all();
+            wgmma_wait();
             fence_registers(s);
 
             // Online softmax in base 2 (the scale holds log2(e)); each row's 32 scores live in the 4 lanes
@@ -325,7 +293,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
             }
             wgmma_commit();
-            wgmma_wait_all();
+            wgmma_wait();
 #pragma unroll
             for (int b = 0; b < T::kPvBlocks; ++b) fence_registers(o[b]);
         }

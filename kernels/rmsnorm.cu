@@ -88,13 +88,8 @@ cudaError_t rmsnorm_strided(bf16* out, int64_t out_ld, const bf16* x, int64_t x_
     return launch_norm<false>({out, out_ld, nullptr, x, x_ld, nullptr, weight, rows, dim, eps}, stream);
 }
 
-cudaError_t add_rmsnorm(bf16* out, bf16* residual, const bf16* delta, const bf16* weight, int rows, int dim,
-                        float eps, cudaStream_t stream) {
-    return add2_rmsnorm(out, residual, delta, nullptr, weight, rows, dim, eps, stream);
-}
-
-cudaError_t add2_rmsnorm(bf16* out, bf16* residual, const bf16* delta, const bf16* delta2, const bf16* weight,
-                         int rows, int dim, float eps, cudaStream_t stream) {
+cudaError_t add_rmsnorm(bf16* out, bf16* residual, const bf16* delta, const bf16* delta2, const bf16* weight,
+                        int rows, int dim, float eps, cudaStream_t stream) {
     return launch_norm<true>({out, dim, residual, delta, dim, delta2, weight, rows, dim, eps}, stream);
 }
 

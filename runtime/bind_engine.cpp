@@ -35,11 +35,13 @@ ModelDims parse_dims(const nb::dict& d) {
                      field<float>(d, "rms_eps"), field<float>(d, "lora_eps"), field<float>(d, "softmax_scale")};
 }
 
+// The data of a host array after its dtype (T's) and shape are checked, naming `name` otherwise.
 template <typename T>
-const T* host_data(const HostArray& a, const char* name, nb::dlpack::dtype dtype) {
-    if (a.dtype() != dtype) {
+const T* host_data(const HostArray& a, const char* name, std::initializer_list<int64_t> shape) {
+    if (a.dtype() != nb::dtype<T>()) {
         throw nb::value_error((std::string("argument '") + name + "' has the wrong dtype").c_str());
     }
+    check_shape(name, a.ndim(), a.shape_ptr(), shape);
     return static_cast<const T*>(a.data());
 }
 
@@ -74,22 +76,15 @@ void bind_engine(nb::module_& m) {
             "upload_expert",
             [](Engine& e, int layer, int expert, HostArray gp, HostArray gs, HostArray up, HostArray us, HostArray dp,
                HostArray ds) {
-                const auto i32 = nb::dtype<int32_t>();
-                const auto u16 = nb::dtype<uint16_t>();
-                const int32_t* gp_p = host_data<int32_t>(gp, "gate_packed", i32);
-                const uint16_t* gs_p = host_data<uint16_t>(gs, "gate_scale", u16);
-                const int32_t* up_p = host_data<int32_t>(up, "up_packed", i32);
-                const uint16_t* us_p = host_data<uint16_t>(us, "up_scale", u16);
-                const int32_t* dp_p = host_data<int32_t>(dp, "down_packed", i32);
-                const uint16_t* ds_p = host_data<uint16_t>(ds, "down_scale", u16);
+                // compressed-tensors layout: packed [out, in / 8] int32, scale [out, in / 32] bf16 bits
                 const ModelDims& d = e.dims();
-                const auto [packed, scales] = Weights::expert_projection_bytes(d);
-                if (gp.nbytes() != packed || up.nbytes() != packed || dp.nbytes() != packed || gs.nbytes() != scales ||
-                    us.nbytes() != scales || ds.nbytes() != scales) {
-                    throw nb::value_error(("expert " + std::to_string(expert) + " of layer " + std::to_string(layer) +
-                                           ": tensor sizes do not match the config")
-                                              .c_str());
-                }
+                const int64_t inter = d.moe_inter, hidden = d.hidden;
+                const int32_t* gp_p = host_data<int32_t>(gp, "gate_packed", {inter, hidden / 8});
+                const uint16_t* gs_p = host_data<uint16_t>(gs, "gate_scale", {inter, hidden / 32});
+                const int32_t* up_p = host_data<int32_t>(up, "up_packed", {inter, hidden / 8});
+                const uint16_t* us_p = host_data<uint16_t>(us, "up_scale", {inter, hidden / 32});
+                const int32_t* dp_p = host_data<int32_t>(dp, "down_packed", {hidden, inter / 8});
+                const uint16_t* ds_p = host_data<uint16_t>(ds, "down_scale", {hidden, inter / 32});
                 nb::gil_scoped_release release;
                 e.weights().upload_expert(layer, expert, gp_p, gs_p, up_p, us_p, dp_p, ds_p);
             },

@@ -53,7 +53,7 @@ void add_rmsnorm(CudaArray out, CudaArray residual, CudaArray delta, CudaArray w
     auto* delta2_p = delta2 ? checked<const k::bf16>(*delta2, "delta2", DType::bf16, {rows, dim}) : nullptr;
     auto* w_p = checked<const k::bf16>(weight, "weight", DType::bf16, {dim});
     auto* out_p = checked<k::bf16>(out, "out", DType::bf16, {rows, dim});
-    CUDA_CHECK(k::add2_rmsnorm(out_p, res_p, delta_p, delta2_p, w_p, static_cast<int>(rows), static_cast<int>(dim),
+    CUDA_CHECK(k::add_rmsnorm(out_p, res_p, delta_p, delta2_p, w_p, static_cast<int>(rows), static_cast<int>(dim),
                                eps, kernel_launch_stream()));
 }
 

@@ -9,7 +9,6 @@
 #include <optional>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "bindings.h"
 #include "cuda_check.h"
@@ -39,13 +38,6 @@ void check_host(const HostArray& a, const char* name, bool dtype_ok, const char*
     check_shape(name, a.ndim(), a.shape_ptr(), shape);
 }
 
-template <typename T>
-NumpyArray<T> new_numpy(std::initializer_list<size_t> shape) {
-    size_t n = 1;
-    for (size_t s : shape) n *= s;
-    return to_numpy(std::vector<T>(n), shape);
-}
-
 // A projection [E, rows, cols] in checkpoint format, checked; returns its packed words and scale bits.
 moe::PackedProjection projection(const HostArray& packed, const HostArray& scale, const char* packed_name,
                                  const char* scale_name, int64_t rows, int64_t cols, int64_t experts) {
@@ -66,7 +58,7 @@ NumpyArray<uint8_t> repack_w13(HostArray gate_packed, HostArray gate_scale, Host
     moe::check_moe_shape(hidden, inter);
     const auto gate = projection(gate_packed, gate_scale, "gate_packed", "gate_scale", inter, hidden, experts);
     const auto up = projection(up_packed, up_scale, "up_packed", "up_scale", inter, hidden, experts);
-    auto out = new_numpy<uint8_t>({static_cast<size_t>(experts), moe::repacked_w13_bytes(hidden, inter)});
+    auto out = empty_numpy<uint8_t>({static_cast<size_t>(experts), moe::repacked_w13_bytes(hidden, inter)});
     {
         nb::gil_scoped_release release;
         moe::repack_w13(gate, up, static_cast<int>(experts), hidden, inter, out.data());
@@ -80,7 +72,7 @@ NumpyArray<uint8_t> repack_w2(HostArray down_packed, HostArray down_scale) {
     const int hidden = static_cast<int>(down_packed.shape(1)), inter = static_cast<int>(down_packed.shape(2) * 8);
     moe::check_moe_shape(hidden, inter);
     const auto down = projection(down_packed, down_scale, "down_packed", "down_scale", hidden, inter, experts);
-    auto out = new_numpy<uint8_t>({static_cast<size_t>(experts), moe::repacked_w2_bytes(hidden, inter)});
+    auto out = empty_numpy<uint8_t>({static_cast<size_t>(experts), moe::repacked_w2_bytes(hidden, inter)});
     {
         nb::gil_scoped_release release;
         moe::repack_w2(down, static_cast<int>(experts), hidden, inter, out.data());
@@ -95,8 +87,8 @@ std::pair<NumpyArray<uint8_t>, NumpyArray<uint16_t>> unpack(HostArray repacked, 
                {-1, static_cast<int64_t>(per_expert)});
     const size_t experts = repacked.shape(0);
     const size_t rows = w13 ? 2 * inter : hidden, cols = w13 ? hidden : inter;
-    auto q = new_numpy<uint8_t>({experts, rows, cols});
-    auto scale = new_numpy<uint16_t>({experts, rows, cols / 32});
+    auto q = empty_numpy<uint8_t>({experts, rows, cols});
+    auto scale = empty_numpy<uint16_t>({experts, rows, cols / 32});
     {
         nb::gil_scoped_release release;
         const auto* src = static_cast<const uint8_t*>(repacked.data());

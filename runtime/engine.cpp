@@ -143,10 +143,11 @@ Engine::Engine(const ModelDims& dims, const RopeTable& rope, int streams, int ma
     CUDA_CHECK(cudaSetDevice(device));
     max_rows_ = std::max(streams, kPrefillRows);
     max_steps_ = kDefaultSteps;
+    cache_rows_ = static_cast<int64_t>(streams) * max_context;
 
     // Memory pre-flight: refuse, with the numbers, a configuration that cannot fit.
     const size_t weights = Weights::planned_bytes(dims, max_rows_);
-    const size_t kv = static_cast<size_t>(dims.layers) * streams * max_context * dims.latent_row() * 2;
+    const size_t kv = static_cast<size_t>(dims.layers) * cache_rows_ * dims.latent_row() * sizeof(bf16);
     const size_t scratch = allocate_buffers(true);
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -307,7 +308,7 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, int span, Time
     };
     const k::RopeParams rope{rope_device_, rope_.attention_factor, d.rope, rope_.interleave};
     const k::MlaDims mla{d.heads, d.kv_lora, d.rope};
-    const size_t layer_cache = static_cast<size_t>(streams_) * max_context_ * d.latent_row();
+    const size_t layer_cache = static_cast<size_t>(cache_rows_) * d.latent_row();
 
     op("embed", [&] { CUDA_CHECK(k::gather_rows(x_, d.hidden, w.embed, d.hidden, rows.ids, n, d.hidden, s)); });
     const bf16* pending = nullptr;   // MLP output not yet added to the residual
@@ -319,7 +320,7 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, int span, Time
             if (pending == nullptr) {
                 CUDA_CHECK(k::rmsnorm(xn_, x_, lw.input_norm, n, d.hidden, d.rms_eps, s));
             } else {
-                CUDA_CHECK(k::add2_rmsnorm(xn_, x_, pending, pending2, lw.input_norm, n, d.hidden, d.rms_eps, s));
+                CUDA_CHECK(k::add_rmsnorm(xn_, x_, pending, pending2, lw.input_norm, n, d.hidden, d.rms_eps, s));
             }
         });
         gemm("q_a+kv_a", xn_, d.hidden, lw.qkv_a, qkv_, d.qkv_a(), n, d.qkv_a(), d.hidden, k::GemmEpilogue::kBf16);
@@ -339,7 +340,7 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, int span, Time
                                        d.heads * d.qk(), d.qk(), d.nope, rows.positions, n, d.heads, rope, s));
         });
         op("attention", [&] {
-            CUDA_CHECK(k::mla_attention(o_lat_, q_abs_, cache, static_cast<int64_t>(streams_) * max_context_,
+            CUDA_CHECK(k::mla_attention(o_lat_, q_abs_, cache, cache_rows_,
                                         rows.kv_start, rows.kv_len, n, span, mla,
                                         d.softmax_scale, attn_ws_, s));
         });
@@ -348,7 +349,9 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, int span, Time
              {d.heads, d.kv_lora, static_cast<int64_t>(d.nope + d.v) * d.kv_lora, d.v});
         gemm("o_proj", v_out_, d.heads * d.v, lw.o_proj, delta_, d.hidden, n, d.hidden, d.heads * d.v,
              k::GemmEpilogue::kBf16);
-        op("norm", [&] { CUDA_CHECK(k::add_rmsnorm(xn_, x_, delta_, lw.post_norm, n, d.hidden, d.rms_eps, s)); });
+        op("norm", [&] {
+            CUDA_CHECK(k::add_rmsnorm(xn_, x_, delta_, nullptr, lw.post_norm, n, d.hidden, d.rms_eps, s));
+        });
         if (!d.is_moe(l)) {
             gemm("mlp_gate_up", xn_, d.hidden, lw.gate_up, act_, d.inter, n, 2 * d.inter, d.hidden,
                  k::GemmEpilogue::kSiluMul);
@@ -384,7 +387,7 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, int span, Time
         pending2 = delta2_;
     }
     op("norm", [&] {
-        CUDA_CHECK(k::add2_rmsnorm(xn_, x_, pending, pending2, w.final_norm, n, d.hidden, d.rms_eps, s));
+        CUDA_CHECK(k::add_rmsnorm(xn_, x_, pending, pending2, w.final_norm, n, d.hidden, d.rms_eps, s));
     });
     // Logit rows are increasing, so n_logits == n means every row in order (decode): the LM head reads xn_ as it is.
     const bf16* head_in = xn_;
@@ -557,7 +560,7 @@ std::vector<float> Engine::forward_logits(const std::vector<int32_t>& ids, const
 
 void Engine::randomize_cache(uint64_t seed) {
     CUDA_CHECK(cudaSetDevice(device_));
-    const size_t count = static_cast<size_t>(dims_.layers) * streams_ * max_context_ * dims_.latent_row();
+    const size_t count = static_cast<size_t>(dims_.layers) * cache_rows_ * dims_.latent_row();
     CUDA_CHECK(k::fill_random_bf16(kv_cache_, static_cast<int64_t>(count), seed, 1.f, 0.f, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 }

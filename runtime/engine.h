@@ -100,6 +100,7 @@ class Engine {
     int streams_, max_context_, device_;
     int max_rows_;  // rows of one forward: max(streams, prefill chunk)
     int max_steps_; // decode history length
+    int64_t cache_rows_;  // latent KV rows of one layer: streams x max_context
     std::unique_ptr<Weights> weights_;
     cudaStream_t stream_ = nullptr;
     std::vector<void*> allocations_;

@@ -42,4 +42,15 @@ nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& values, std::initializer_lis
     return nb::ndarray<nb::numpy, T>(owned->data(), shape, owner);
 }
 
+// A numpy array of the given shape with its elements left unset, for a caller that writes every one (a vector
+// would zero-fill gigabytes of repacked experts first).
+template <typename T>
+nb::ndarray<nb::numpy, T> empty_numpy(std::initializer_list<size_t> shape) {
+    size_t n = 1;
+    for (size_t s : shape) n *= s;
+    T* data = new T[n];
+    nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<T*>(p); });
+    return nb::ndarray<nb::numpy, T>(data, shape, owner);
+}
+
 }  // namespace ddtree

@@ -68,15 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    device = str(device_info())
-    if "sm_90" not in device:
-        print(f"bench_mma needs an sm_90 GPU; found: {device}", file=sys.stderr)
+    info = device_info()
+    if not info.devices or info.devices[0].compute_capability != (9, 0):
+        print(f"bench_mma needs an sm_90 GPU as device 0; found: {info}", file=sys.stderr)
         return 2
     rows = measure()
     for r in rows:
         print(f"{r['kind']:18s} {r['shape']:10s} x{r['units_per_sm']:<2d} {r['tflops']:7.1f} TFLOP/s "
               f"{r['ns_per_mma']:6.2f} ns", flush=True)
-    write_reports(args.out, rows, device)
+    write_reports(args.out, rows, str(info))
     return 0
 
 

@@ -7,19 +7,15 @@
 #include <cstdint>
 #include <cstdio>
 
-#include "../kernels/common.cuh"
+#include "../kernels/gemm_mma.cuh"
+#include "../kernels/wgmma.cuh"
 
 namespace {
 
+using namespace ddtree::kernels;
+
 constexpr int kChain = 8;  // MMAs per committed wgmma group, and per mma.sync loop step
 
-// K-major operand in the 128-byte swizzle, 8-row groups 1024 bytes apart (the attention kernel's layout).
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
-    return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | uint64_t{1} << 16 | uint64_t{64} << 32 | uint64_t{1} << 62;
-}
-
-#define D4(b) "+f"(d[b]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3])
-#define D16(b) D4(b), D4(b + 4), D4(b + 8), D4(b + 12)
 #define REGS16 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
 #define REGS32 REGS16 ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
 
@@ -31,32 +27,32 @@ __device__ __forceinline__ void wgmma(float (&d)[32], uint64_t a, const uint32_t
         if constexpr (N == 8) {
             asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, "
                          "1, 1, 1, 0;\n"
-                         : D4(0) : RS_OPS);
+                         : DDTREE_WGMMA_D4(d, 0) : RS_OPS);
         } else if constexpr (N == 16) {
             asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, "
                          "{%8,%9,%10,%11}, %12, 1, 1, 1, 0;\n"
-                         : D4(0), D4(4) : RS_OPS);
+                         : DDTREE_WGMMA_D4(d, 0), DDTREE_WGMMA_D4(d, 4) : RS_OPS);
         } else if constexpr (N == 24) {
             asm volatile("wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 "
                          "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11}, {%12,%13,%14,%15}, %16, 1, 1, 1, 0;\n"
-                         : D4(0), D4(4), D4(8) : RS_OPS);
+                         : DDTREE_WGMMA_D4(d, 0), DDTREE_WGMMA_D4(d, 4), DDTREE_WGMMA_D4(d, 8) : RS_OPS);
         } else if constexpr (N == 32) {
             asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {" REGS16
                          "}, {%16,%17,%18,%19}, %20, 1, 1, 1, 0;\n"
-                         : D16(0) : RS_OPS);
+                         : DDTREE_WGMMA_D16(d, 0) : RS_OPS);
         } else {
             static_assert(N == 64);
             asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" REGS32
                          "}, {%32,%33,%34,%35}, %36, 1, 1, 1, 0;\n"
-                         : D16(0), D16(16) : RS_OPS);
+                         : DDTREE_WGMMA_D16(d, 0), DDTREE_WGMMA_D16(d, 16) : RS_OPS);
         }
     } else if constexpr (N == 32) {
         asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {" REGS16 "}, %16, %17, 1, 1, 1, 0, 0;\n"
-                     : D16(0) : "l"(a), "l"(b));
+                     : DDTREE_WGMMA_D16(d, 0) : "l"(a), "l"(b));
     } else {
         static_assert(N == 64);
         asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" REGS32 "}, %32, %33, 1, 1, 1, 0, 0;\n"
-                     : D16(0), D16(16) : "l"(a), "l"(b));
+                     : DDTREE_WGMMA_D16(d, 0), DDTREE_WGMMA_D16(d, 16) : "l"(a), "l"(b));
     }
 #undef RS_OPS
 }
@@ -65,24 +61,25 @@ __device__ __forceinline__ void wgmma(float (&d)[32], uint64_t a, const uint32_t
 template <int N, bool kRegisterA>
 __global__ void wgmma_kernel(float* sink, int steps) {
     extern __shared__ __align__(1024) unsigned char raw[];
-    unsigned char* smem = raw + (1024 - static_cast<uint32_t>(__cvta_generic_to_shared(raw)) % 1024) % 1024;
+    unsigned char* smem = raw + (1024 - smem_addr(raw) % 1024) % 1024;
     for (int i = threadIdx.x; i < 16 * 1024 / 4; i += blockDim.x) {
         reinterpret_cast<uint32_t*>(smem)[i] = 0x3C003C00u ^ ((i * 2654435761u) & 0x003F003Fu);  // small finite bf16
     }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    fence_proxy_async();
     __syncthreads();
-    const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-    const uint64_t a = sw128_desc(base), b = sw128_desc(base + 8192);
+    // K-major operands in the 128-byte swizzle, 8-row groups 1024 bytes apart (the attention kernel's layout).
+    const uint32_t base = smem_addr(smem);
+    const uint64_t a = sw128_desc(base, 16, 1024), b = sw128_desc(base + 8192, 16, 1024);
     const uint32_t r[4] = {0x3C003C00u, 0x3C013C00u, 0x3C003C01u, 0x3C013C01u};
     float d[32] = {};
     for (int step = 0; step < steps; ++step) {
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        wgmma_fence();
 #pragma unroll
         for (int j = 0; j < kChain; ++j) wgmma<N, kRegisterA>(d, a + 2 * (j % 4), r, b + 2 * (j % 4));
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        wgmma_commit();
+        wgmma_wait<1>();
     }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    wgmma_wait();
     float sum = 0.f;
     for (float v : d) sum += v;
     if (sum == 1.2345f) sink[threadIdx.x] = sum;  // keeps the MMAs; never true for these operands
@@ -96,14 +93,7 @@ __global__ void mma_sync_kernel(float* sink, int steps) {
     float c[Chains][4] = {};
     for (int step = 0; step < steps; ++step) {
 #pragma unroll
-        for (int j = 0; j < kChain; ++j) {
-            float(&acc)[4] = c[j % Chains];
-            asm volatile(
-                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                "{%0,%1,%2,%3};\n"
-                : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-        }
+        for (int j = 0; j < kChain; ++j) mma_bf16_16816(c[j % Chains], a0, a1, a2, a3, b0, b1);
     }
     float sum = 0.f;
     for (auto& acc : c) sum += acc[0] + acc[1] + acc[2] + acc[3];

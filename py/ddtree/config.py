@@ -211,8 +211,16 @@ class Fields:
             raise self.fail(key, "is missing")
         value = self.data.get(key, default)
         if value not in allowed or type(value) is not type(allowed[0]):
-            raise self.fail(key, f"is {value!r}; ddtree supports {', '.join(repr(a) for a in allowed)}")
+            raise self._unsupported(key, value, allowed)
         return value
+
+    def reject_unless(self, key: str, allowed: tuple[Any, ...]) -> None:
+        """A key that may be absent, whose value when present must equal one of `allowed` (1 == 1.0 passes)."""
+        if key in self.data and self.data[key] not in allowed:
+            raise self._unsupported(key, self.data[key], allowed)
+
+    def _unsupported(self, key: str, value: Any, allowed: tuple[Any, ...]) -> ConfigError:
+        return self.fail(key, f"is {value!r}; ddtree supports {', '.join(repr(a) for a in allowed)}")
 
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:

@@ -73,11 +73,6 @@ class DrafterConfig:
         }
 
 
-def _reject_unless(f: Fields, key: str, allowed: tuple[Any, ...]) -> None:
-    if key in f.data and f.data[key] not in allowed:
-        raise f.fail(key, f"is {f.data[key]!r}; ddtree supports {', '.join(repr(a) for a in allowed)}")
-
-
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
     """DFlash's default taps: the middle layer for one draft layer, else evenly from layer 1 to n_target - 3."""
     if num_draft_layers == 1:
@@ -101,8 +96,8 @@ def parse_drafter_config(raw: Any, where: str = "config.json", target: ModelConf
     for key, allowed in (("hidden_act", ("silu",)), ("attention_bias", (False,)), ("use_sliding_window", (False,)),
                          ("input_embedding_scale", (1, 1.0)), ("output_multiplier", (1, 1.0)),
                          ("final_logit_softcapping", (None, 0, 0.0))):
-        _reject_unless(f, key, allowed)
-    _reject_unless(d, "sample_from_anchor", (False,))
+        f.reject_unless(key, allowed)
+    d.reject_unless("sample_from_anchor", (False,))
     if raw.get("rope_scaling") is not None or isinstance(raw.get("rope_parameters"), dict) and \
             raw["rope_parameters"].get("rope_type", "default") != "default":
         raise f.fail("rope_scaling", "is set; ddtree's drafter supports plain RoPE only")

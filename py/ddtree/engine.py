@@ -86,13 +86,13 @@ def validate_request(prompts: Sequence[Sequence[int]], max_new_tokens: int, temp
         if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
             raise RequestError(f"prompt {i} must be a non-empty sequence of integer token ids")
         try:
-            check_token_ids(ids, vocab_size)
+            ids = check_token_ids(ids, vocab_size)
         except RequestError as err:
             raise RequestError(f"prompt {i}: {err}") from None
         if ids.size + max_new_tokens > max_context:
             raise RequestError(f"prompt {i}: {ids.size} tokens + {max_new_tokens} new tokens exceed max_context "
                                f"{max_context}")
-        checked.append([int(t) for t in ids])
+        checked.append(ids.tolist())
     return checked
 
 
