@@ -328,20 +328,6 @@ __global__ void __launch_bounds__(kThreads) gemm_short_k_kernel(const GemmParams
     }
 }
 
-// SMs of the current device, queried once per device (132, an H200's, when the query fails).
-int sm_count() {
-    static std::atomic<int> counts[64] = {};
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return 132;
-    std::atomic<int>& count = counts[device & 63];
-    if (count.load() == 0) {
-        int sms = 132;
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-        count.store(sms);
-    }
-    return count.load();
-}
-
 template <int RT, int NT, int S, GemmEpilogue E>
 cudaError_t launch_config(const GemmParams& p, cudaStream_t stream) {
     using C = Config<RT, NT, S>;

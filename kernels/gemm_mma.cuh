@@ -1,5 +1,5 @@
 // Device helpers shared by the tensor-core kernels (gemm, mla_attn, moe_marlin): mma.sync, ldmatrix, cp.async,
-// mbarriers and bulk copies, shared-memory opt-in.
+// mbarriers and bulk copies, the SM count, shared-memory opt-in.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -47,6 +47,20 @@ __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *rein
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return bf16x2_bits(__floats2bfloat162_rn(lo, hi));
+}
+
+// SMs of the current device, queried once per device (132, an H200's, when the query fails).
+inline int sm_count() {
+    static std::atomic<int> counts[64] = {};
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return 132;
+    std::atomic<int>& count = counts[device & 63];
+    if (count.load() == 0) {
+        int sms = 132;
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        count.store(sms);
+    }
+    return count.load();
 }
 
 // Opts `kernel` in to `bytes` of dynamic shared memory once per device (the attribute belongs to the function

@@ -1,5 +1,5 @@
-// Absorbed-MLA attention: one CTA per (query row, chunk of kMlaChunk keys, group of 64 heads), then a merge
-// of the chunk partials in chunk order.
+// Absorbed-MLA attention: one CTA per (query row, chunk of kMlaChunk keys, group of 64 heads, slice of the
+// latent columns), then a merge of the chunk partials in chunk order.
 //
 // The chunk kernel uses Hopper warpgroup MMAs (wgmma) so that every cache byte is read from shared memory
 // about once per use: with mma.sync each warp re-reads its operands from shared memory, and the kernel was bound
@@ -11,6 +11,11 @@
 //   warpgroups 1, 2: O[:, half] = O * alpha + P V for tile i - 1 (P from registers, V = the same cache tile
 //                read MN-major), each owning half of the latent columns (128 fp32 accumulators per thread).
 // One CTA barrier per tile separates the two stages. Every reduction order is fixed by key positions alone.
+//
+// Column slices: a launch of few (row, chunk) pairs (one stream at long context, a few streams at short) would
+// leave most SMs idle, so it splits each chunk's P.V columns over 2 or 4 CTAs. Each slice computes the same scores
+// and softmax (the same instructions on the same data, so the same bits) and only its columns of the output:
+// the slice count changes which CTA computes a value, never how, and rows stay batch invariant.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -30,20 +35,22 @@ constexpr int kThreads = 3 * 128;
 constexpr int kSwizzleRow = 128;  // bytes per row of a 128-byte-swizzled block of 64 bf16 columns
 constexpr float kLog2e = 1.4426950408889634f;
 
-template <int DL, int DR>
+template <int DL, int DR, int kSlices>
 struct Tile {
     static constexpr int D = DL + DR;
     static constexpr int kBlocks = (D + 63) / 64;  // 64-column swizzled blocks per row
     static constexpr int kKSteps = D / 16;         // S wgmma k16 steps; padding columns are never read
-    // P.V column split: two warpgroups of DL/2 columns, or one warpgroup over the first 64-column block when
-    // DL is too small to split into whole blocks (its extra columns are computed and dropped).
-    static constexpr int kPvGroups = DL >= 128 ? 2 : 1;
-    static constexpr int kPvBlocks = DL >= 128 ? DL / 128 : 1;  // 64-column wgmma blocks per P.V warpgroup
+    static constexpr int kSliceCols = DL / kSlices;  // latent columns of this CTA's P.V
+    // P.V column split: two warpgroups of kSliceCols/2 columns, or one warpgroup over the first 64-column block
+    // when the slice is too small to split into whole blocks (its extra columns are computed and dropped).
+    static constexpr int kPvGroups = kSliceCols >= 128 ? 2 : 1;
+    static constexpr int kPvBlocks = kSliceCols >= 128 ? kSliceCols / 128 : 1;  // 64-column blocks per warpgroup
     static constexpr int q_bytes = kBlocks * kHeads * kSwizzleRow;
     static constexpr int stage_bytes = kBlocks * kTileKeys * kSwizzleRow;
     static constexpr int p_bytes = kHeads * kTileKeys * 2;
     static constexpr size_t bytes = 1024 + q_bytes + kStages * stage_bytes + 2 * p_bytes + 2 * kHeads * 4;
     static_assert(D % 16 == 0 && DL % 8 == 0 && (DL % 128 == 0 || DL <= 64), "unsupported MLA dims");
+    static_assert(kSlices == 1 || kSliceCols % 128 == 0, "a column slice is whole P.V warpgroup blocks");
 };
 
 // Byte offset of 16-byte column chunk `c` of row `r` in a tile of `rows` rows stored as 64-column blocks of
@@ -81,15 +88,16 @@ __device__ __forceinline__ void warpgroup_barrier(int id) {
     asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
 }
 
-template <int DL, int DR>
+template <int DL, int DR, int kSlices>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_chunk_kernel(const __grid_constant__ CUtensorMap cache_map, const bf16* __restrict__ q,
                      const int32_t* kv_start, const int32_t* kv_len, int heads, float scale_log2, float* part_o,
                      float* part_ml, int max_chunks) {
-    using T = Tile<DL, DR>;
+    using T = Tile<DL, DR, kSlices>;
     constexpr int D = T::D, kRowChunks = D / 8;
     dependent_kernel_start();  // the merge kernel waits for this grid before it reads the partials
-    const int chunk = blockIdx.x, row = blockIdx.y, h0 = blockIdx.z * kHeads;
+    const int chunk = blockIdx.x, row = blockIdx.y, h0 = blockIdx.z / kSlices * kHeads;
+    const int slice = blockIdx.z % kSlices, slice_block0 = slice * T::kSliceCols / 64;  // first 64-column block
     const int len = kv_len[row];
     const int key0 = chunk * kMlaChunk;
     if (key0 >= len) {
@@ -219,18 +227,19 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         }
         const int64_t part = static_cast<int64_t>(row) * max_chunks + chunk;
-        if (t == 0 && h0 + r_lo < heads) {
+        if (slice == 0 && t == 0 && h0 + r_lo < heads) {
             *reinterpret_cast<float2*>(part_ml + (part * heads + h0 + r_lo) * 2) = make_float2(m_lo, l_lo);
         }
-        if (t == 0 && h0 + r_hi < heads) {
+        if (slice == 0 && t == 0 && h0 + r_hi < heads) {
             *reinterpret_cast<float2*>(part_ml + (part * heads + h0 + r_hi) * 2) = make_float2(m_hi, l_hi);
         }
     } else {
-        const int pv = wg - 1;  // column half
+        const int pv = wg - 1;  // column half of the slice
         const bool active = pv < T::kPvGroups;
         const int r_lo = 16 * warp + g;
+        const int block0 = slice_block0 + pv * T::kPvBlocks;  // this warpgroup's first 64-column block
         const uint64_t pv_desc =
-            sw128_desc(kv_addr + pv * T::kPvBlocks * kTileKeys * kSwizzleRow, kTileKeys * kSwizzleRow, 8 * kSwizzleRow);
+            sw128_desc(kv_addr + block0 * kTileKeys * kSwizzleRow, kTileKeys * kSwizzleRow, 8 * kSwizzleRow);
         float o[T::kPvBlocks][32];
 #pragma unroll
         for (int b = 0; b < T::kPvBlocks; ++b) {
@@ -251,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 unsigned char* stage = s_kv + (prev % kStages) * T::stage_bytes;
                 constexpr int kChunksPerBlock = kTileKeys * kSwizzleRow / 16;
                 for (int idx = tid - 128 * wg; idx < T::kPvBlocks * kChunksPerBlock; idx += 128) {
-                    const int b = pv * T::kPvBlocks + idx / kChunksPerBlock, chunk16 = idx % kChunksPerBlock;
+                    const int b = block0 + idx / kChunksPerBlock, chunk16 = idx % kChunksPerBlock;
                     if (chunk16 >= valid_rows * (kSwizzleRow / 16)) {
                         *reinterpret_cast<uint4*>(stage + b * kTileKeys * kSwizzleRow + chunk16 * 16) =
                             make_uint4(0, 0, 0, 0);
@@ -303,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int b = 0; b < T::kPvBlocks; ++b) {
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
-                    const int col = (pv * T::kPvBlocks + b) * 64 + 8 * j + 2 * t;
+                    const int col = (block0 + b) * 64 + 8 * j + 2 * t;
                     if (col >= DL) continue;
                     if (h0 + r_lo < heads) {
                         *reinterpret_cast<float2*>(part_o + (part * heads + h0 + r_lo) * DL + col) =
@@ -376,22 +385,48 @@ cudaError_t encode_cache_map(CUtensorMap* map, const bf16* cache, int64_t cache_
     return status == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+template <int DL, int DR, int kSlices>
+cudaError_t launch_chunks(const CUtensorMap& cache_map, const bf16* q, const int32_t* kv_start,
+                          const int32_t* kv_len, dim3 grid, int heads, float scale_log2, float* part_o, float* part_ml,
+                          cudaStream_t stream) {
+    using T = Tile<DL, DR, kSlices>;
+    static std::atomic<uint64_t> configured{0};
+    DDTREE_RETURN_IF_ERROR(opt_in_smem(mla_chunk_kernel<DL, DR, kSlices>, static_cast<int>(T::bytes), configured));
+    grid.z *= kSlices;
+    return launch_dependent(mla_chunk_kernel<DL, DR, kSlices>, grid, dim3(kThreads), T::bytes, stream, cache_map,
+                            q, kv_start, kv_len, heads, scale_log2, part_o, part_ml, static_cast<int>(grid.x));
+}
+
 template <int DL, int DR>
 cudaError_t launch(bf16* out, const bf16* q, const bf16* cache, int64_t cache_rows, const int32_t* kv_start,
                    const int32_t* kv_len, int rows, int max_len, int heads, float softmax_scale, float* workspace,
                    cudaStream_t stream) {
-    using T = Tile<DL, DR>;
     const int max_chunks = (max_len + kMlaChunk - 1) / kMlaChunk;
     float* part_o = workspace;
     float* part_ml = workspace + static_cast<int64_t>(rows) * max_chunks * heads * DL;
     CUtensorMap cache_map;
-    DDTREE_RETURN_IF_ERROR(encode_cache_map(&cache_map, cache, cache_rows, T::D));
-    static std::atomic<uint64_t> configured{0};
-    DDTREE_RETURN_IF_ERROR(opt_in_smem(mla_chunk_kernel<DL, DR>, static_cast<int>(T::bytes), configured));
+    DDTREE_RETURN_IF_ERROR(encode_cache_map(&cache_map, cache, cache_rows, DL + DR));
     const dim3 grid(max_chunks, rows, (heads + kHeads - 1) / kHeads);
-    DDTREE_RETURN_IF_ERROR(launch_dependent(mla_chunk_kernel<DL, DR>, grid, dim3(kThreads), T::bytes, stream,
-                                            cache_map, q, kv_start, kv_len, heads, softmax_scale * kLog2e, part_o,
-                                            part_ml, max_chunks));
+    const float scale_log2 = softmax_scale * kLog2e;
+    // Column slices while the sliced grid still fits on the SMs at once (one CTA per SM).
+    const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+    cudaError_t launched;
+    if constexpr (DL % 512 == 0) {
+        if (4 * ctas <= sm_count()) {
+            launched = launch_chunks<DL, DR, 4>(cache_map, q, kv_start, kv_len, grid, heads, scale_log2, part_o,
+                                                part_ml, stream);
+        } else if (2 * ctas <= sm_count()) {
+            launched = launch_chunks<DL, DR, 2>(cache_map, q, kv_start, kv_len, grid, heads, scale_log2, part_o,
+                                                part_ml, stream);
+        } else {
+            launched = launch_chunks<DL, DR, 1>(cache_map, q, kv_start, kv_len, grid, heads, scale_log2, part_o,
+                                                part_ml, stream);
+        }
+    } else {
+        launched = launch_chunks<DL, DR, 1>(cache_map, q, kv_start, kv_len, grid, heads, scale_log2, part_o, part_ml,
+                                            stream);
+    }
+    DDTREE_RETURN_IF_ERROR(launched);
     const int merge_threads = DL / 4 < 128 ? 32 : 128;
     return launch_dependent(mla_merge_kernel, dim3(rows, heads), dim3(merge_threads), 0, stream, out, part_o,
                             part_ml, kv_len, heads, DL, max_chunks);
