@@ -50,14 +50,21 @@ std::string gib(size_t bytes) {
     return text;
 }
 
-// Split-K partials (floats) and arrival counters the engine's GEMMs need at `rows` rows: the maximum over
-// every projection of the model (n, k, batch).
-std::pair<size_t, size_t> gemm_scratch(const ModelDims& d, int rows) {
-    const std::array<std::array<int, 3>, 11> gemms = {{
-        {d.qkv_a(), d.hidden, 1}, {d.heads * d.qk(), d.q_lora, 1}, {d.kv_lora, d.nope, d.heads},
-        {d.v, d.kv_lora, d.heads}, {d.hidden, d.heads * d.v, 1}, {2 * d.inter, d.hidden, 1},
-        {d.hidden, d.inter, 1}, {2 * d.shared_inter, d.hidden, 1}, {d.hidden, d.shared_inter, 1},
-        {d.experts, d.hidden, 1}, {d.vocab, d.hidden, 1}}};
+using GemmShape = std::array<int, 3>;  // n, k, batch
+
+// The projections of the main stream, and the shared expert's, which runs beside the routed experts on the side
+// stream with scratch of its own (split-K partials and counters must not be shared by concurrent GEMMs).
+std::vector<GemmShape> main_gemms(const ModelDims& d) {
+    return {{d.qkv_a(), d.hidden, 1},      {d.heads * d.qk(), d.q_lora, 1}, {d.kv_lora, d.nope, d.heads},
+            {d.v, d.kv_lora, d.heads},     {d.hidden, d.heads * d.v, 1},    {2 * d.inter, d.hidden, 1},
+            {d.hidden, d.inter, 1},        {d.experts, d.hidden, 1},        {d.vocab, d.hidden, 1}};
+}
+std::vector<GemmShape> shared_expert_gemms(const ModelDims& d) {
+    return {{2 * d.shared_inter, d.hidden, 1}, {d.hidden, d.shared_inter, 1}};
+}
+
+// Split-K partials (floats) and arrival counters that `gemms` need at `rows` rows: the maximum over them.
+std::pair<size_t, size_t> gemm_scratch(const std::vector<GemmShape>& gemms, int rows) {
     size_t ws = 0, counters = 0;
     for (const auto& [n, kk, b] : gemms) {
         ws = std::max<size_t>(ws, k::gemm_workspace_floats(rows, n, kk, b));
@@ -158,8 +165,11 @@ Engine::Engine(const ModelDims& dims, const RopeTable& rope, int streams, int ma
                                     " + headroom " + gib(kHeadroomBytes) + " > free " + gib(free_bytes) + " of " +
                                     gib(total_bytes));
     }
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     try {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
         weights_ = std::make_unique<Weights>(dims, device, max_rows_, stream_);
         CUDA_CHECK(cudaMalloc(&kv_cache_, kv));
         allocations_.push_back(kv_cache_);
@@ -167,9 +177,16 @@ Engine::Engine(const ModelDims& dims, const RopeTable& rope, int streams, int ma
     } catch (...) {
         for (void* p : allocations_) cudaFree(p);
         weights_.reset();
-        cudaStreamDestroy(stream_);
+        release_streams();
         throw;
     }
+}
+
+void Engine::release_streams() {
+    if (join_ != nullptr) cudaEventDestroy(join_);
+    if (fork_ != nullptr) cudaEventDestroy(fork_);
+    if (side_stream_ != nullptr) cudaStreamDestroy(side_stream_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
 Engine::~Engine() {
@@ -180,7 +197,7 @@ Engine::~Engine() {
     }
     weights_.reset();
     for (void* p : allocations_) cudaFree(p);
-    cudaStreamDestroy(stream_);
+    release_streams();
 }
 
 // Every device buffer besides the weights and the KV cache. With count_only nothing is allocated or written and
@@ -226,9 +243,12 @@ size_t Engine::allocate_buffers(bool count_only) {
     step_ = i32(1);
     temperature_ = f32(1);
     seed_ = static_cast<unsigned long long*>(alloc(8));
-    const auto [ws, counters] = gemm_scratch(d, static_cast<int>(r));
+    const auto [ws, counters] = gemm_scratch(main_gemms(d), static_cast<int>(r));
     gemm_ws_ = f32(ws);
     gemm_counters_ = i32(counters);
+    const auto [side_ws, side_counters] = gemm_scratch(shared_expert_gemms(d), static_cast<int>(r));
+    side_gemm_ws_ = f32(side_ws);
+    side_gemm_counters_ = i32(side_counters);
     attn_ws_ = f32(k::mla_workspace_floats({d.heads, d.kv_lora, d.rope}, static_cast<int>(r), max_context_));
     int32_t* row_tables[2] = {i32(9 * r), i32(9 * r)};
     rope_device_ = f32(d.rope / 2);
@@ -245,6 +265,7 @@ size_t Engine::allocate_buffers(bool count_only) {
     decode_rows_.logit_stream_ids = decode_rows_.stream_ids;
     decode_rows_.logit_positions = decode_rows_.positions;
     CUDA_CHECK(cudaMemsetAsync(gemm_counters_, 0, std::max<size_t>(counters, 4) * 4, stream_));
+    CUDA_CHECK(cudaMemsetAsync(side_gemm_counters_, 0, std::max<size_t>(side_counters, 4) * 4, stream_));
     // On the engine's stream, like every upload: a pageable cudaMemcpy may return before its DMA lands.
     CUDA_CHECK(cudaMemcpyAsync(rope_device_, rope_.inv_freq.data(), rope_.inv_freq.size() * 4,
                                cudaMemcpyHostToDevice, stream_));
@@ -299,12 +320,28 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, int span, Time
             launch();
         }
     };
-    auto gemm = [&](const char* name, const bf16* x, int64_t ldx, const bf16* weight, void* out, int64_t ldo, int rows_m,
-                    int n_out, int k_in, k::GemmEpilogue epi, k::GemmBatch batch = {}) {
+    // A stream with the split-K scratch of the GEMMs it runs: concurrent GEMMs must not share scratch.
+    struct Lane {
+        cudaStream_t stream;
+        float* ws;
+        int32_t* counters;
+    };
+    const Lane main_lane{s, gemm_ws_, gemm_counters_};
+    // The shared expert needs only the normed input, so outside a timeline (whose per-op times need one op at a
+    // time) it runs on the side stream beside the router and the routed experts: its weight stream hides their
+    // latency-bound kernels.
+    const bool concurrent = timeline == nullptr;
+    const Lane shared_lane = concurrent ? Lane{side_stream_, side_gemm_ws_, side_gemm_counters_} : main_lane;
+    auto gemm_on = [&](const Lane& lane, const char* name, const bf16* x, int64_t ldx, const bf16* weight, void* out,
+                       int64_t ldo, int rows_m, int n_out, int k_in, k::GemmEpilogue epi, k::GemmBatch batch = {}) {
         op(name, [&] {
-            CUDA_CHECK(k::gemm_bf16(x, ldx, weight, out, ldo, rows_m, n_out, k_in, epi, batch, gemm_ws_, gemm_counters_,
-                                    s));
+            CUDA_CHECK(k::gemm_bf16(x, ldx, weight, out, ldo, rows_m, n_out, k_in, epi, batch, lane.ws, lane.counters,
+                                    lane.stream));
         });
+    };
+    auto gemm = [&](const char* name, const bf16* x, int64_t ldx, const bf16* weight, void* out, int64_t ldo,
+                    int rows_m, int n_out, int k_in, k::GemmEpilogue epi, k::GemmBatch batch = {}) {
+        gemm_on(main_lane, name, x, ldx, weight, out, ldo, rows_m, n_out, k_in, epi, batch);
     };
     const k::RopeParams rope{rope_device_, rope_.attention_factor, d.rope, rope_.interleave};
     const k::MlaDims mla{d.heads, d.kv_lora, d.rope};
@@ -360,8 +397,16 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, int span, Time
             pending2 = nullptr;
             continue;
         }
+        if (concurrent) CUDA_CHECK(cudaEventRecord(fork_, s));
+        // The router first: its CTAs take the SMs before the shared expert's, which fill the gaps after.
         gemm("router", xn_, d.hidden, lw.router, router_logits_, d.experts, n, d.experts, d.hidden,
              k::GemmEpilogue::kF32);
+        if (concurrent) CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_));
+        gemm_on(shared_lane, "shared_gate_up", xn_, d.hidden, lw.gate_up, act_, d.shared_inter, n,
+                2 * d.shared_inter, d.hidden, k::GemmEpilogue::kSiluMul);
+        gemm_on(shared_lane, "shared_down", act_, d.shared_inter, lw.down, delta_, d.hidden, n, d.hidden,
+                d.shared_inter, k::GemmEpilogue::kBf16);
+        if (concurrent) CUDA_CHECK(cudaEventRecord(join_, side_stream_));
         op("router", [&] {
             CUDA_CHECK(k::route_topk(topk_ids_, topk_weights_, router_logits_, lw.router_bias, n, d.experts, d.topk,
                                      d.norm_topk_prob, s));
@@ -371,10 +416,6 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, int span, Time
             CUDA_CHECK(cudaMemcpyAsync(routing_ + (l - d.first_dense) * ids, topk_ids_, ids * sizeof(int32_t),
                                        cudaMemcpyDeviceToDevice, s));
         }
-        gemm("shared_gate_up", xn_, d.hidden, lw.gate_up, act_, d.shared_inter, n, 2 * d.shared_inter, d.hidden,
-             k::GemmEpilogue::kSiluMul);
-        gemm("shared_down", act_, d.shared_inter, lw.down, delta_, d.hidden, n, d.hidden, d.shared_inter,
-             k::GemmEpilogue::kBf16);
         op("routed_experts", [&] {
             if (lw.marlin) {
                 lw.marlin->forward(xn_, topk_ids_, topk_weights_, nullptr, delta2_, n, s);
@@ -383,6 +424,7 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, int span, Time
                                                    d.routed_scaling_factor, lw.plain, s));
             }
         });
+        if (concurrent) CUDA_CHECK(cudaStreamWaitEvent(s, join_));  // delta_ is read by the next norm
         pending = delta_;
         pending2 = delta2_;
     }

@@ -78,6 +78,7 @@ class Engine {
     class Timeline;
 
     size_t allocate_buffers(bool count_only);
+    void release_streams();
     void upload_rows(const RowBuffers& rows, const std::vector<int32_t>& ids, const std::vector<int32_t>& streams,
                      const std::vector<int32_t>& positions, const std::vector<int32_t>& logit_rows);
     // `span` bounds every row's kv_len: attention launches a chunk CTA per 512 keys of it for each row. With
@@ -103,6 +104,8 @@ class Engine {
     int64_t cache_rows_;  // latent KV rows of one layer: streams x max_context
     std::unique_ptr<Weights> weights_;
     cudaStream_t stream_ = nullptr;
+    cudaStream_t side_stream_ = nullptr;  // the shared expert, beside the routed experts (see forward)
+    cudaEvent_t fork_ = nullptr, join_ = nullptr;
     std::vector<void*> allocations_;
 
     // activations and scratch
@@ -113,6 +116,8 @@ class Engine {
     float *gemm_ws_ = nullptr, *attn_ws_ = nullptr;
     int32_t *topk_ids_ = nullptr, *gemm_counters_ = nullptr, *tokens_ = nullptr, *history_ = nullptr;
     int32_t* step_ = nullptr;
+    float* side_gemm_ws_ = nullptr;  // split-K scratch of the side stream's GEMMs
+    int32_t* side_gemm_counters_ = nullptr;
     int32_t* routing_ = nullptr;  // [moe layers][max_rows][topk]: expert choices of an eager forward
     float* temperature_ = nullptr;
     float* rope_device_ = nullptr;  // inv_freq table
