@@ -577,16 +577,14 @@ cudaError_t configure_instance(int* per_sm) {
 }
 
 cudaError_t configure(int* gemm_ctas) {
-    int device = 0, sms = 0, per_sm[4] = {};
-    DDTREE_RETURN_IF_ERROR(cudaGetDevice(&device));
-    DDTREE_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    int per_sm[4] = {};
     DDTREE_RETURN_IF_ERROR((configure_instance<true, false>(&per_sm[0])));
     DDTREE_RETURN_IF_ERROR((configure_instance<false, false>(&per_sm[1])));
     DDTREE_RETURN_IF_ERROR((configure_instance<true, true>(&per_sm[2])));
     DDTREE_RETURN_IF_ERROR((configure_instance<false, true>(&per_sm[3])));
     const int fewest = std::min({per_sm[0], per_sm[1], per_sm[2], per_sm[3]});
     if (fewest < 1) return cudaErrorInvalidConfiguration;
-    *gemm_ctas = sms * fewest;
+    *gemm_ctas = sm_count() * fewest;
     return cudaSuccess;
 }
 

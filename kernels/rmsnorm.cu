@@ -38,14 +38,10 @@ __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(const NormArgs a)
         for (int g = 0; g < G; ++g) {
 #pragma unroll
             for (int j = 0; j < kNormVec; ++j) {
-                v[g][j] = r[g][j] + v[g][j];
-                if (a.x2 != nullptr) v[g][j] += v2[g][j];
+                float sum = r[g][j] + v[g][j];
+                if (a.x2 != nullptr) sum += v2[g][j];
+                v[g][j] = __bfloat162float(__float2bfloat16(sum));
             }
-        }
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-#pragma unroll
-            for (int j = 0; j < kNormVec; ++j) v[g][j] = __bfloat162float(__float2bfloat16(v[g][j]));
             const int e0 = norm_group_start(g);
             if (e0 < a.dim) store_group<kVector>(res, e0, a.dim, v[g]);
         }

@@ -27,20 +27,10 @@ from ddtree._native import kernels
 from ddtree.device import device_info
 from ddtree.presets import preset_config
 
+from bench_timing import copy_bandwidth, event_seconds
+
 L2_BYTES = 60 << 20
 ROWS = (1, 16, 64)
-
-
-def _event_ms(fn, iters: int) -> float:
-    times = []
-    for _ in range(iters):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
 
 
 def median_ms(fn, reps: int = 20, replays: int = 15) -> float:
@@ -62,15 +52,7 @@ def median_ms(fn, reps: int = 20, replays: int = 15) -> float:
             kernels.use_stream(0)
     torch.cuda.current_stream().wait_stream(stream)
     graph.replay()
-    return _event_ms(graph.replay, replays) / reps
-
-
-def copy_bandwidth() -> float:
-    """Bytes per second of a 1 GiB device-to-device copy (read + write)."""
-    src = torch.empty(1 << 29, dtype=torch.float16, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    ms = _event_ms(lambda: dst.copy_(src), 20)
-    return 2 * src.numel() * 2 / (ms * 1e-3)
+    return statistics.median(event_seconds(graph.replay, replays)) * 1e3 / reps
 
 
 def copies_for(nbytes: int) -> int:

@@ -29,6 +29,8 @@ from ddtree import bf16, device_info
 from ddtree._native import moe
 from ddtree.presets import K2_ROUTED_SCALING_FACTOR as RSF
 
+from bench_timing import copy_bandwidth, event_seconds
+
 HIDDEN, INTER, EXPERTS, TOPK, GROUP = 7168, 2048, 384, 8, 32
 DISTINCT = 8
 M_VALUES = (1, 9, 33, 90, 256, 512, 1024)
@@ -58,21 +60,7 @@ def time_burst(graph: torch.cuda.CUDAGraph, args: argparse.Namespace) -> float:
     below its cap, so a sustained measurement just before does not slow this one."""
     torch.cuda.synchronize()
     time.sleep(args.cool)
-    return statistics.median(time_graph(graph, args.warmup, args.repeats))
-
-
-def time_graph(graph: torch.cuda.CUDAGraph, warmup: int, repeats: int) -> list[float]:
-    for _ in range(warmup):
-        graph.replay()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e-3)
-    return samples
+    return statistics.median(event_seconds(graph.replay, args.repeats, args.warmup))
 
 
 class ClockSampler:
@@ -122,39 +110,17 @@ def time_sustained(graph: torch.cuda.CUDAGraph, args: argparse.Namespace) -> tup
             for _ in range(8):
                 graph.replay()
             torch.cuda.synchronize()
-        median = statistics.median(time_graph(graph, 0, args.repeats))
+        median = statistics.median(event_seconds(graph.replay, args.repeats))
     return median, clocks
 
 
 def time_eager(fn, args: argparse.Namespace) -> float:
-    samples = []
-    for rep in range(args.warmup + args.repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    """Median seconds of one pass over the input pool, eager launches."""
+    def pool_pass() -> None:
         for i in range(args.pool):
             fn(i)
-        end.record()
-        end.synchronize()
-        if rep >= args.warmup:
-            samples.append(start.elapsed_time(end) * 1e-3)
-    return statistics.median(samples)
 
-
-def copy_bandwidth(repeats: int) -> float:
-    n = 4 << 30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
-    dst = torch.empty_like(src)
-    times = []
-    for i in range(repeats + 3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        if i >= 3:
-            times.append(start.elapsed_time(end) * 1e-3)
-    del src, dst
-    return 2 * n / statistics.median(times)
+    return statistics.median(event_seconds(pool_pass, args.repeats, args.warmup))
 
 
 class Peer:

@@ -1,0 +1,34 @@
+"""Timing helpers of the GPU benchmarks: CUDA-event samples and the copy bandwidth every byte floor is measured
+against, so that the engine and MoE reports use one definition of each."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import torch
+
+COPY_BYTES = 4 << 30
+
+
+def event_seconds(fn: Callable[[], object], repeats: int, warmup: int = 0) -> list[float]:
+    """Device seconds of `fn` per call: `warmup` untimed calls, then one CUDA-event pair around each of `repeats`
+    calls."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e-3)
+    return samples
+
+
+def copy_bandwidth(repeats: int = 20) -> float:
+    """Bytes per second (read + write) of a 4 GiB device-to-device copy, median of `repeats` after 3 warm-ups."""
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    return 2 * COPY_BYTES / statistics.median(event_seconds(lambda: dst.copy_(src), repeats, warmup=3))
