@@ -49,7 +49,8 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return bf16x2_bits(__floats2bfloat162_rn(lo, hi));
 }
 
-// SMs of the current device, queried once per device (132, an H200's, when the query fails).
+// SMs of the current device, queried once per device (132, an H200's, when the query fails: callers size grids,
+// tiles and K splits by it, so a wrong count costs speed, and a K split still depends on the shapes alone).
 inline int sm_count() {
     static std::atomic<int> counts[64] = {};
     int device = 0;

@@ -20,6 +20,7 @@
 #include <cudaTypedefs.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "gemm_mma.cuh"
 #include "mla_attn.cuh"
@@ -134,8 +135,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     cp_async_commit();
     __syncthreads();  // barriers initialised before the first copy counts on them
     // One thread issues each tile: kBlocks bulk-tensor copies of 64 columns into the swizzled stage (rows past
-    // the cache arrive as zeros). Evict-first: the cache is streamed once per launch, and the chunk partials should
-    // stay in L2 for the merge.
+    // the cache arrive as zeros). Evict-first: the cache is streamed once per launch (a sliced launch's CTAs of a
+    // chunk copy each tile at about the same time, so all but the first read it from L2), and the chunk partials
+    // should stay in L2 for the merge.
     auto issue = [&](int tile) {
         const int slot = tile % kStages;
         barrier_arrive_expect_tx(&full[slot], T::stage_bytes);
@@ -408,23 +410,20 @@ cudaError_t launch(bf16* out, const bf16* q, const bf16* cache, int64_t cache_ro
     DDTREE_RETURN_IF_ERROR(encode_cache_map(&cache_map, cache, cache_rows, DL + DR));
     const dim3 grid(max_chunks, rows, (heads + kHeads - 1) / kHeads);
     const float scale_log2 = softmax_scale * kLog2e;
-    // Column slices while the sliced grid still fits on the SMs at once (one CTA per SM).
-    const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+    auto run = [&](auto slices) {
+        return launch_chunks<DL, DR, decltype(slices)::value>(cache_map, q, kv_start, kv_len, grid, heads,
+                                                              scale_log2, part_o, part_ml, stream);
+    };
+    using Unsliced = std::integral_constant<int, 1>;
     cudaError_t launched;
-    if constexpr (DL % 512 == 0) {
-        if (4 * ctas <= sm_count()) {
-            launched = launch_chunks<DL, DR, 4>(cache_map, q, kv_start, kv_len, grid, heads, scale_log2, part_o,
-                                                part_ml, stream);
-        } else if (2 * ctas <= sm_count()) {
-            launched = launch_chunks<DL, DR, 2>(cache_map, q, kv_start, kv_len, grid, heads, scale_log2, part_o,
-                                                part_ml, stream);
-        } else {
-            launched = launch_chunks<DL, DR, 1>(cache_map, q, kv_start, kv_len, grid, heads, scale_log2, part_o,
-                                                part_ml, stream);
-        }
+    if constexpr (DL % 512 == 0) {  // a slice is whole 128-column blocks (64 columns per P.V warpgroup)
+        // Column slices while the sliced grid still fits on the SMs at once (one CTA per SM).
+        const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+        launched = 4 * ctas <= sm_count()   ? run(std::integral_constant<int, 4>{})
+                   : 2 * ctas <= sm_count() ? run(std::integral_constant<int, 2>{})
+                                            : run(Unsliced{});
     } else {
-        launched = launch_chunks<DL, DR, 1>(cache_map, q, kv_start, kv_len, grid, heads, scale_log2, part_o, part_ml,
-                                            stream);
+        launched = run(Unsliced{});
     }
     DDTREE_RETURN_IF_ERROR(launched);
     const int merge_threads = DL / 4 < 128 ? 32 : 128;

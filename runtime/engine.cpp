@@ -63,6 +63,34 @@ std::vector<GemmShape> shared_expert_gemms(const ModelDims& d) {
     return {{2 * d.shared_inter, d.hidden, 1}, {d.hidden, d.shared_inter, 1}};
 }
 
+// Joins a forked side stream back into the main stream: join() where the main stream needs the side's work,
+// or, when an exception leaves the scope first, the destructor (unchecked: it must not throw), so that neither a
+// capture ends with the side stream unjoined nor a later forward overwrites buffers the side stream still writes.
+class SideStreamJoin {
+  public:
+    SideStreamJoin(cudaStream_t main, cudaStream_t side, cudaEvent_t event) : main_(main), side_(side), event_(event) {}
+    SideStreamJoin(const SideStreamJoin&) = delete;
+    SideStreamJoin& operator=(const SideStreamJoin&) = delete;
+    ~SideStreamJoin() {
+        if (armed_) {
+            cudaEventRecord(event_, side_);
+            cudaStreamWaitEvent(main_, event_);
+        }
+    }
+    void arm() { armed_ = true; }
+    void join() {
+        if (!armed_) return;
+        armed_ = false;
+        CUDA_CHECK(cudaEventRecord(event_, side_));
+        CUDA_CHECK(cudaStreamWaitEvent(main_, event_));
+    }
+
+  private:
+    cudaStream_t main_, side_;
+    cudaEvent_t event_;
+    bool armed_ = false;
+};
+
 // Split-K partials (floats) and arrival counters that `gemms` need at `rows` rows: the maximum over them.
 std::pair<size_t, size_t> gemm_scratch(const std::vector<GemmShape>& gemms, int rows) {
     size_t ws = 0, counters = 0;
@@ -168,8 +196,8 @@ Engine::Engine(const ModelDims& dims, const RopeTable& rope, int streams, int ma
     try {
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
-        CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&shared_expert_fork_, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&shared_expert_join_, cudaEventDisableTiming));
         weights_ = std::make_unique<Weights>(dims, device, max_rows_, stream_);
         CUDA_CHECK(cudaMalloc(&kv_cache_, kv));
         allocations_.push_back(kv_cache_);
@@ -183,8 +211,8 @@ Engine::Engine(const ModelDims& dims, const RopeTable& rope, int streams, int ma
 }
 
 void Engine::release_streams() {
-    if (join_ != nullptr) cudaEventDestroy(join_);
-    if (fork_ != nullptr) cudaEventDestroy(fork_);
+    if (shared_expert_join_ != nullptr) cudaEventDestroy(shared_expert_join_);
+    if (shared_expert_fork_ != nullptr) cudaEventDestroy(shared_expert_fork_);
     if (side_stream_ != nullptr) cudaStreamDestroy(side_stream_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
@@ -246,9 +274,9 @@ size_t Engine::allocate_buffers(bool count_only) {
     const auto [ws, counters] = gemm_scratch(main_gemms(d), static_cast<int>(r));
     gemm_ws_ = f32(ws);
     gemm_counters_ = i32(counters);
-    const auto [side_ws, side_counters] = gemm_scratch(shared_expert_gemms(d), static_cast<int>(r));
-    side_gemm_ws_ = f32(side_ws);
-    side_gemm_counters_ = i32(side_counters);
+    const auto [shared_ws, shared_counters] = gemm_scratch(shared_expert_gemms(d), static_cast<int>(r));
+    shared_gemm_ws_ = f32(shared_ws);
+    shared_gemm_counters_ = i32(shared_counters);
     attn_ws_ = f32(k::mla_workspace_floats({d.heads, d.kv_lora, d.rope}, static_cast<int>(r), max_context_));
     int32_t* row_tables[2] = {i32(9 * r), i32(9 * r)};
     rope_device_ = f32(d.rope / 2);
@@ -265,7 +293,7 @@ size_t Engine::allocate_buffers(bool count_only) {
     decode_rows_.logit_stream_ids = decode_rows_.stream_ids;
     decode_rows_.logit_positions = decode_rows_.positions;
     CUDA_CHECK(cudaMemsetAsync(gemm_counters_, 0, std::max<size_t>(counters, 4) * 4, stream_));
-    CUDA_CHECK(cudaMemsetAsync(side_gemm_counters_, 0, std::max<size_t>(side_counters, 4) * 4, stream_));
+    CUDA_CHECK(cudaMemsetAsync(shared_gemm_counters_, 0, std::max<size_t>(shared_counters, 4) * 4, stream_));
     // On the engine's stream, like every upload: a pageable cudaMemcpy may return before its DMA lands.
     CUDA_CHECK(cudaMemcpyAsync(rope_device_, rope_.inv_freq.data(), rope_.inv_freq.size() * 4,
                                cudaMemcpyHostToDevice, stream_));
@@ -329,9 +357,9 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, int span, Time
     const Lane main_lane{s, gemm_ws_, gemm_counters_};
     // The shared expert needs only the normed input, so outside a timeline (whose per-op times need one op at a
     // time) it runs on the side stream beside the router and the routed experts: its weight stream hides their
-    // latency-bound kernels.
+    // latency-bound kernels. Its scratch is its own either way (the main scratch is sized for the main GEMMs).
     const bool concurrent = timeline == nullptr;
-    const Lane shared_lane = concurrent ? Lane{side_stream_, side_gemm_ws_, side_gemm_counters_} : main_lane;
+    const Lane shared_lane{concurrent ? side_stream_ : s, shared_gemm_ws_, shared_gemm_counters_};
     auto gemm_on = [&](const Lane& lane, const char* name, const bf16* x, int64_t ldx, const bf16* weight, void* out,
                        int64_t ldo, int rows_m, int n_out, int k_in, k::GemmEpilogue epi, k::GemmBatch batch = {}) {
         op(name, [&] {
@@ -397,16 +425,19 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, int span, Time
             pending2 = nullptr;
             continue;
         }
-        if (concurrent) CUDA_CHECK(cudaEventRecord(fork_, s));
+        if (concurrent) CUDA_CHECK(cudaEventRecord(shared_expert_fork_, s));
         // The router first: its CTAs take the SMs before the shared expert's, which fill the gaps after.
         gemm("router", xn_, d.hidden, lw.router, router_logits_, d.experts, n, d.experts, d.hidden,
              k::GemmEpilogue::kF32);
-        if (concurrent) CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_));
+        SideStreamJoin join(s, side_stream_, shared_expert_join_);
+        if (concurrent) {
+            CUDA_CHECK(cudaStreamWaitEvent(side_stream_, shared_expert_fork_));
+            join.arm();  // the side stream is forked from here on
+        }
         gemm_on(shared_lane, "shared_gate_up", xn_, d.hidden, lw.gate_up, act_, d.shared_inter, n,
                 2 * d.shared_inter, d.hidden, k::GemmEpilogue::kSiluMul);
         gemm_on(shared_lane, "shared_down", act_, d.shared_inter, lw.down, delta_, d.hidden, n, d.hidden,
                 d.shared_inter, k::GemmEpilogue::kBf16);
-        if (concurrent) CUDA_CHECK(cudaEventRecord(join_, side_stream_));
         op("router", [&] {
             CUDA_CHECK(k::route_topk(topk_ids_, topk_weights_, router_logits_, lw.router_bias, n, d.experts, d.topk,
                                      d.norm_topk_prob, s));
@@ -424,7 +455,7 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, int span, Time
                                                    d.routed_scaling_factor, lw.plain, s));
             }
         });
-        if (concurrent) CUDA_CHECK(cudaStreamWaitEvent(s, join_));  // delta_ is read by the next norm
+        join.join();  // delta_ is read by the next norm, and a capture must end with every stream joined
         pending = delta_;
         pending2 = delta2_;
     }
@@ -525,6 +556,7 @@ Engine::Graph& Engine::decode_graph(int n, int span) {
         cudaGraph_t broken = nullptr;
         cudaStreamEndCapture(stream_, &broken);
         if (broken != nullptr) cudaGraphDestroy(broken);
+        cudaGetLastError();  // a failed EndCapture leaves its error behind for the next launcher's check
         throw;
     }
     CUDA_CHECK(cudaStreamEndCapture(stream_, &g.graph));

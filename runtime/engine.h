@@ -105,7 +105,8 @@ class Engine {
     std::unique_ptr<Weights> weights_;
     cudaStream_t stream_ = nullptr;
     cudaStream_t side_stream_ = nullptr;  // the shared expert, beside the routed experts (see forward)
-    cudaEvent_t fork_ = nullptr, join_ = nullptr;
+    cudaEvent_t shared_expert_fork_ = nullptr;  // the shared expert's input is ready (main stream)
+    cudaEvent_t shared_expert_join_ = nullptr;  // the shared expert's output is written (side stream)
     std::vector<void*> allocations_;
 
     // activations and scratch
@@ -116,8 +117,8 @@ class Engine {
     float *gemm_ws_ = nullptr, *attn_ws_ = nullptr;
     int32_t *topk_ids_ = nullptr, *gemm_counters_ = nullptr, *tokens_ = nullptr, *history_ = nullptr;
     int32_t* step_ = nullptr;
-    float* side_gemm_ws_ = nullptr;  // split-K scratch of the side stream's GEMMs
-    int32_t* side_gemm_counters_ = nullptr;
+    float* shared_gemm_ws_ = nullptr;  // split-K scratch of the shared expert's GEMMs (see forward)
+    int32_t* shared_gemm_counters_ = nullptr;
     int32_t* routing_ = nullptr;  // [moe layers][max_rows][topk]: expert choices of an eager forward
     float* temperature_ = nullptr;
     float* rope_device_ = nullptr;  // inv_freq table

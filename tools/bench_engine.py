@@ -27,7 +27,7 @@ from ddtree._native import kernels
 from ddtree.device import device_info
 from ddtree.presets import preset_config
 
-from bench_timing import copy_bandwidth, event_seconds
+from cuda_timing import copy_bandwidth, event_seconds
 
 L2_BYTES = 60 << 20
 ROWS = (1, 16, 64)

@@ -29,7 +29,7 @@ from ddtree import bf16, device_info
 from ddtree._native import moe
 from ddtree.presets import K2_ROUTED_SCALING_FACTOR as RSF
 
-from bench_timing import copy_bandwidth, event_seconds
+from cuda_timing import copy_bandwidth, event_seconds
 
 HIDDEN, INTER, EXPERTS, TOPK, GROUP = 7168, 2048, 384, 8, 32
 DISTINCT = 8

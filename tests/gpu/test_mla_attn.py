@@ -80,8 +80,9 @@ def test_mla_attention_batch_invariant(heads: int, lora: int, rope: int) -> None
     q, cache, kv_start, kv_len, cap = _setup(heads, lora, rope, lengths, 3)
     scale = (128 + rope) ** -0.5
     full = _attend(q, cache, kv_start, kv_len, cap, lora, scale)
-    # At K2 dims a launch of few chunk CTAs splits the latent columns over 2 or 4 CTAs: 16 rows of 8 chunks run
-    # unsplit, 8 rows in two slices, one row in four; each row's bits must not change.
+    # At K2 dims a launch of few chunk CTAs splits the latent columns over 2 or 4 CTAs: on 128-255 SMs (an H200
+    # has 132) 16 rows of 8 chunks run unsplit, 8 rows in two slices, one row in four; each row's bits must not
+    # change.
     half = _attend(q[:8].contiguous(), cache, kv_start[:8].contiguous(), kv_len[:8].contiguous(), cap, lora, scale)
     assert torch.equal(half, full[:8])
     for r in (0, 2, 9, 15):
