@@ -36,6 +36,10 @@ constexpr int kThreads = 3 * 128;
 constexpr int kSwizzleRow = 128;  // bytes per row of a 128-byte-swizzled block of 64 bf16 columns
 constexpr float kLog2e = 1.4426950408889634f;
 
+// Whether DL latent columns split into `slices` P.V column slices of whole 128-column blocks (64 columns for each
+// of the two P.V warpgroups).
+constexpr bool slices_fit(int dl, int slices) { return slices == 1 || (dl / slices) % 128 == 0; }
+
 template <int DL, int DR, int kSlices>
 struct Tile {
     static constexpr int D = DL + DR;
@@ -51,7 +55,7 @@ struct Tile {
     static constexpr int p_bytes = kHeads * kTileKeys * 2;
     static constexpr size_t bytes = 1024 + q_bytes + kStages * stage_bytes + 2 * p_bytes + 2 * kHeads * 4;
     static_assert(D % 16 == 0 && DL % 8 == 0 && (DL % 128 == 0 || DL <= 64), "unsupported MLA dims");
-    static_assert(kSlices == 1 || kSliceCols % 128 == 0, "a column slice is whole P.V warpgroup blocks");
+    static_assert(slices_fit(DL, kSlices), "a column slice is whole P.V warpgroup blocks");
 };
 
 // Byte offset of 16-byte column chunk `c` of row `r` in a tile of `rows` rows stored as 64-column blocks of
@@ -333,8 +337,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // out[row, head] = sum_c 2^(m_c - m) O_c / sum_c 2^(m_c - m) l_c, chunks in order; 4 columns per thread.
 __global__ void mla_merge_kernel(bf16* out, const float* part_o, const float* part_ml, const int32_t* kv_len,
                                  int heads, int dl, int max_chunks) {
+    // Wait first, then let the projection after attention launch and stream its weights during the merge: released
+    // before the wait, its CTAs could take shared memory from the chunk kernel's CTAs (tried: no gain).
     grid_dependency_wait();  // the partials come from the chunk kernel just before
-    allow_dependent_launch();  // the projection after attention may stream its weights during the merge
+    allow_dependent_launch();
     const int row = blockIdx.x, head = blockIdx.y;
     const int chunks = (kv_len[row] + kMlaChunk - 1) / kMlaChunk;
     const int64_t first = static_cast<int64_t>(row) * max_chunks;
@@ -416,12 +422,12 @@ cudaError_t launch(bf16* out, const bf16* q, const bf16* cache, int64_t cache_ro
     };
     using Unsliced = std::integral_constant<int, 1>;
     cudaError_t launched;
-    if constexpr (DL % 512 == 0) {  // a slice is whole 128-column blocks (64 columns per P.V warpgroup)
+    if constexpr (slices_fit(DL, 4)) {
         // Column slices while the sliced grid still fits on the SMs at once (one CTA per SM).
-        const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
-        launched = 4 * ctas <= sm_count()   ? run(std::integral_constant<int, 4>{})
-                   : 2 * ctas <= sm_count() ? run(std::integral_constant<int, 2>{})
-                                            : run(Unsliced{});
+        const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z, sms = sm_count();
+        launched = 4 * ctas <= sms   ? run(std::integral_constant<int, 4>{})
+                   : 2 * ctas <= sms ? run(std::integral_constant<int, 2>{})
+                                     : run(Unsliced{});
     } else {
         launched = run(Unsliced{});
     }

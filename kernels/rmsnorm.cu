@@ -62,7 +62,7 @@ cudaError_t launch_norm(const NormArgs& a, cudaStream_t stream) {
     }
     bool vector = rows_vectorizable(a.out, a.out_ld, a.dim) && rows_vectorizable(a.x, a.x_ld, a.dim) &&
                   rows_vectorizable(a.weight, 0, a.dim);
-    if (kFuseResidual) {
+    if constexpr (kFuseResidual) {
         vector = vector && rows_vectorizable(a.residual, a.dim, a.dim) &&
                  (a.x2 == nullptr || rows_vectorizable(a.x2, a.x_ld, a.dim));
     }

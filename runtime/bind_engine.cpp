@@ -35,13 +35,10 @@ ModelDims parse_dims(const nb::dict& d) {
                      field<float>(d, "rms_eps"), field<float>(d, "lora_eps"), field<float>(d, "softmax_scale")};
 }
 
-// The data of a host array after its dtype (T's) and shape are checked, naming `name` otherwise.
+// The data of a host array after its dtype (T's, named `dtype`) and shape are checked, naming `name` otherwise.
 template <typename T>
-const T* host_data(const HostArray& a, const char* name, std::initializer_list<int64_t> shape) {
-    if (a.dtype() != nb::dtype<T>()) {
-        throw nb::value_error((std::string("argument '") + name + "' has the wrong dtype").c_str());
-    }
-    check_shape(name, a.ndim(), a.shape_ptr(), shape);
+const T* host_data(const HostArray& a, const char* name, const char* dtype, std::initializer_list<int64_t> shape) {
+    check_host(a, name, a.dtype() == nb::dtype<T>(), dtype, shape);
     return static_cast<const T*>(a.data());
 }
 
@@ -79,12 +76,12 @@ void bind_engine(nb::module_& m) {
                 // compressed-tensors layout: packed [out, in / 8] int32, scale [out, in / 32] bf16 bits
                 const ModelDims& d = e.dims();
                 const int64_t inter = d.moe_inter, hidden = d.hidden;
-                const int32_t* gp_p = host_data<int32_t>(gp, "gate_packed", {inter, hidden / 8});
-                const uint16_t* gs_p = host_data<uint16_t>(gs, "gate_scale", {inter, hidden / 32});
-                const int32_t* up_p = host_data<int32_t>(up, "up_packed", {inter, hidden / 8});
-                const uint16_t* us_p = host_data<uint16_t>(us, "up_scale", {inter, hidden / 32});
-                const int32_t* dp_p = host_data<int32_t>(dp, "down_packed", {hidden, inter / 8});
-                const uint16_t* ds_p = host_data<uint16_t>(ds, "down_scale", {hidden, inter / 32});
+                const int32_t* gp_p = host_data<int32_t>(gp, "gate_packed", "int32", {inter, hidden / 8});
+                const uint16_t* gs_p = host_data<uint16_t>(gs, "gate_scale", "uint16 (bf16 bits)", {inter, hidden / 32});
+                const int32_t* up_p = host_data<int32_t>(up, "up_packed", "int32", {inter, hidden / 8});
+                const uint16_t* us_p = host_data<uint16_t>(us, "up_scale", "uint16 (bf16 bits)", {inter, hidden / 32});
+                const int32_t* dp_p = host_data<int32_t>(dp, "down_packed", "int32", {hidden, inter / 8});
+                const uint16_t* ds_p = host_data<uint16_t>(ds, "down_scale", "uint16 (bf16 bits)", {hidden, inter / 32});
                 nb::gil_scoped_release release;
                 e.weights().upload_expert(layer, expert, gp_p, gs_p, up_p, us_p, dp_p, ds_p);
             },

@@ -31,13 +31,6 @@ bool is_bf16_bits(nb::dlpack::dtype d) {
            d == nb::dlpack::dtype{static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
 }
 
-// Checks a host array's dtype and shape (extents < 0 are free) and names `name` in the error.
-void check_host(const HostArray& a, const char* name, bool dtype_ok, const char* dtype,
-                std::initializer_list<int64_t> shape) {
-    if (!dtype_ok) throw nb::value_error((std::string("argument '") + name + "' must be " + dtype).c_str());
-    check_shape(name, a.ndim(), a.shape_ptr(), shape);
-}
-
 // A projection [E, rows, cols] in checkpoint format, checked; returns its packed words and scale bits.
 moe::PackedProjection projection(const HostArray& packed, const HostArray& scale, const char* packed_name,
                                  const char* scale_name, int64_t rows, int64_t cols, int64_t experts) {

@@ -63,24 +63,31 @@ std::vector<GemmShape> shared_expert_gemms(const ModelDims& d) {
     return {{2 * d.shared_inter, d.hidden, 1}, {d.hidden, d.shared_inter, 1}};
 }
 
-// Joins a forked side stream back into the main stream: join() where the main stream needs the side's work,
-// or, when an exception leaves the scope first, the destructor (unchecked: it must not throw), so that neither a
-// capture ends with the side stream unjoined nor a later forward overwrites buffers the side stream still writes.
-class SideStreamJoin {
+// A side stream forked from the main stream at construction (it waits for the main stream's work so far) and
+// joined back by join(), or, when an exception leaves the scope first, by the destructor (unchecked: it must not
+// throw), so that neither a capture ends with the side stream unjoined nor a later forward overwrites buffers the
+// side stream still writes. One event serves both: a wait binds to the record made just before it. With
+// fork = false nothing is forked and join() does nothing.
+class ForkedStream {
   public:
-    SideStreamJoin(cudaStream_t main, cudaStream_t side, cudaEvent_t event) : main_(main), side_(side), event_(event) {}
-    SideStreamJoin(const SideStreamJoin&) = delete;
-    SideStreamJoin& operator=(const SideStreamJoin&) = delete;
-    ~SideStreamJoin() {
-        if (armed_) {
+    ForkedStream(bool fork, cudaStream_t main, cudaStream_t side, cudaEvent_t event)
+        : main_(main), side_(side), event_(event) {
+        if (!fork) return;
+        CUDA_CHECK(cudaEventRecord(event_, main_));
+        CUDA_CHECK(cudaStreamWaitEvent(side_, event_));
+        forked_ = true;
+    }
+    ForkedStream(const ForkedStream&) = delete;
+    ForkedStream& operator=(const ForkedStream&) = delete;
+    ~ForkedStream() {
+        if (forked_) {
             cudaEventRecord(event_, side_);
             cudaStreamWaitEvent(main_, event_);
         }
     }
-    void arm() { armed_ = true; }
     void join() {
-        if (!armed_) return;
-        armed_ = false;
+        if (!forked_) return;
+        forked_ = false;
         CUDA_CHECK(cudaEventRecord(event_, side_));
         CUDA_CHECK(cudaStreamWaitEvent(main_, event_));
     }
@@ -88,7 +95,7 @@ class SideStreamJoin {
   private:
     cudaStream_t main_, side_;
     cudaEvent_t event_;
-    bool armed_ = false;
+    bool forked_ = false;
 };
 
 // Split-K partials (floats) and arrival counters that `gemms` need at `rows` rows: the maximum over them.
@@ -178,11 +185,10 @@ Engine::Engine(const ModelDims& dims, const RopeTable& rope, int streams, int ma
     CUDA_CHECK(cudaSetDevice(device));
     max_rows_ = std::max(streams, kPrefillRows);
     max_steps_ = kDefaultSteps;
-    cache_rows_ = static_cast<int64_t>(streams) * max_context;
 
     // Memory pre-flight: refuse, with the numbers, a configuration that cannot fit.
     const size_t weights = Weights::planned_bytes(dims, max_rows_);
-    const size_t kv = static_cast<size_t>(dims.layers) * cache_rows_ * dims.latent_row() * sizeof(bf16);
+    const size_t kv = kv_cache_elements() * sizeof(bf16);
     const size_t scratch = allocate_buffers(true);
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -196,8 +202,7 @@ Engine::Engine(const ModelDims& dims, const RopeTable& rope, int streams, int ma
     try {
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
-        CUDA_CHECK(cudaEventCreateWithFlags(&shared_expert_fork_, cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventCreateWithFlags(&shared_expert_join_, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&side_event_, cudaEventDisableTiming));
         weights_ = std::make_unique<Weights>(dims, device, max_rows_, stream_);
         CUDA_CHECK(cudaMalloc(&kv_cache_, kv));
         allocations_.push_back(kv_cache_);
@@ -211,8 +216,7 @@ Engine::Engine(const ModelDims& dims, const RopeTable& rope, int streams, int ma
 }
 
 void Engine::release_streams() {
-    if (shared_expert_join_ != nullptr) cudaEventDestroy(shared_expert_join_);
-    if (shared_expert_fork_ != nullptr) cudaEventDestroy(shared_expert_fork_);
+    if (side_event_ != nullptr) cudaEventDestroy(side_event_);
     if (side_stream_ != nullptr) cudaStreamDestroy(side_stream_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
@@ -373,7 +377,7 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, int span, Time
     };
     const k::RopeParams rope{rope_device_, rope_.attention_factor, d.rope, rope_.interleave};
     const k::MlaDims mla{d.heads, d.kv_lora, d.rope};
-    const size_t layer_cache = static_cast<size_t>(cache_rows_) * d.latent_row();
+    const size_t layer_cache = static_cast<size_t>(cache_rows()) * d.latent_row();
 
     op("embed", [&] { CUDA_CHECK(k::gather_rows(x_, d.hidden, w.embed, d.hidden, rows.ids, n, d.hidden, s)); });
     const bf16* pending = nullptr;   // MLP output not yet added to the residual
@@ -405,7 +409,7 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, int span, Time
                                        d.heads * d.qk(), d.qk(), d.nope, rows.positions, n, d.heads, rope, s));
         });
         op("attention", [&] {
-            CUDA_CHECK(k::mla_attention(o_lat_, q_abs_, cache, cache_rows_,
+            CUDA_CHECK(k::mla_attention(o_lat_, q_abs_, cache, cache_rows(),
                                         rows.kv_start, rows.kv_len, n, span, mla,
                                         d.softmax_scale, attn_ws_, s));
         });
@@ -425,15 +429,10 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, int span, Time
             pending2 = nullptr;
             continue;
         }
-        if (concurrent) CUDA_CHECK(cudaEventRecord(shared_expert_fork_, s));
-        // The router first: its CTAs take the SMs before the shared expert's, which fill the gaps after.
+        ForkedStream shared_expert(concurrent, s, side_stream_, side_event_);  // after the norm, before the router
+        // The router launches first: its CTAs take the SMs before the shared expert's, which fill the gaps after.
         gemm("router", xn_, d.hidden, lw.router, router_logits_, d.experts, n, d.experts, d.hidden,
              k::GemmEpilogue::kF32);
-        SideStreamJoin join(s, side_stream_, shared_expert_join_);
-        if (concurrent) {
-            CUDA_CHECK(cudaStreamWaitEvent(side_stream_, shared_expert_fork_));
-            join.arm();  // the side stream is forked from here on
-        }
         gemm_on(shared_lane, "shared_gate_up", xn_, d.hidden, lw.gate_up, act_, d.shared_inter, n,
                 2 * d.shared_inter, d.hidden, k::GemmEpilogue::kSiluMul);
         gemm_on(shared_lane, "shared_down", act_, d.shared_inter, lw.down, delta_, d.hidden, n, d.hidden,
@@ -455,7 +454,7 @@ void Engine::forward(const RowBuffers& rows, int n, int n_logits, int span, Time
                                                    d.routed_scaling_factor, lw.plain, s));
             }
         });
-        join.join();  // delta_ is read by the next norm, and a capture must end with every stream joined
+        shared_expert.join();  // delta_ is read by the next norm, and a capture must end with every stream joined
         pending = delta_;
         pending2 = delta2_;
     }
@@ -530,7 +529,9 @@ std::vector<int32_t> Engine::prefill(const std::vector<std::vector<int32_t>>& pr
 void Engine::set_decode_state(const std::vector<int32_t>& ids, const std::vector<int32_t>& positions, int n) {
     std::vector<int32_t> streams(n);
     std::iota(streams.begin(), streams.end(), 0);
-    upload_rows(decode_rows_, ids, streams, positions, streams);  // stream i is row i, and every row has logits
+    // Stream i is row i. Every row has logits, read in row order with keys aliased to the stream rows (see
+    // allocate_buffers), so the logit-row tables are left as they are.
+    upload_rows(decode_rows_, ids, streams, positions, {});
 }
 
 int Engine::attention_span(const std::vector<int32_t>& positions, int ahead) const {
@@ -634,8 +635,7 @@ std::vector<float> Engine::forward_logits(const std::vector<int32_t>& ids, const
 
 void Engine::randomize_cache(uint64_t seed) {
     CUDA_CHECK(cudaSetDevice(device_));
-    const size_t count = static_cast<size_t>(dims_.layers) * cache_rows_ * dims_.latent_row();
-    CUDA_CHECK(k::fill_random_bf16(kv_cache_, static_cast<int64_t>(count), seed, 1.f, 0.f, stream_));
+    CUDA_CHECK(k::fill_random_bf16(kv_cache_, static_cast<int64_t>(kv_cache_elements()), seed, 1.f, 0.f, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 

@@ -95,18 +95,19 @@ class Engine {
     // The decode step of `n` streams whose rows stay within `span` keys, captured on first use.
     Graph& decode_graph(int n, int span);
     void check_rows(const std::vector<int32_t>& streams, const std::vector<int32_t>& positions) const;
+    // Latent KV rows of one layer (a stream's rows are max_context apart), and bf16 elements of every layer's cache.
+    int64_t cache_rows() const { return static_cast<int64_t>(streams_) * max_context_; }
+    size_t kv_cache_elements() const { return static_cast<size_t>(dims_.layers) * cache_rows() * dims_.latent_row(); }
 
     ModelDims dims_;
     RopeTable rope_;
     int streams_, max_context_, device_;
     int max_rows_;  // rows of one forward: max(streams, prefill chunk)
     int max_steps_; // decode history length
-    int64_t cache_rows_;  // latent KV rows of one layer: streams x max_context
     std::unique_ptr<Weights> weights_;
     cudaStream_t stream_ = nullptr;
     cudaStream_t side_stream_ = nullptr;  // the shared expert, beside the routed experts (see forward)
-    cudaEvent_t shared_expert_fork_ = nullptr;  // the shared expert's input is ready (main stream)
-    cudaEvent_t shared_expert_join_ = nullptr;  // the shared expert's output is written (side stream)
+    cudaEvent_t side_event_ = nullptr;  // forks the side stream from the main stream and joins it back
     std::vector<void*> allocations_;
 
     // activations and scratch

@@ -178,7 +178,7 @@ def bench_small_kernels(rows: int, cfg, bw: float) -> list[dict]:
     return results
 
 
-def bench_engine(cfg, bw: float, streams_list=(1, 8, 16), contexts=(1024, 8192), iters: int = 40,
+def bench_engine(cfg, streams_list=(1, 8, 16), contexts=(1024, 8192), iters: int = 40,
                  max_context: int = 32768) -> list[dict]:
     """AR decode by graph replay in an engine of `max_context` keys per stream, longer than the contexts timed
     (as a deployment would be): the attention grid must follow the live lengths, not max_context."""
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['kernel']} x{rows}: {r['ms']:.4f} ms, {100 * r['of_copy_bw']:.0f}% of copy BW", flush=True)
         kernel_rows += bench_small_kernels(rows, cfg, bw)
     torch.cuda.empty_cache()
-    engine_rows = [] if args.skip_engine else bench_engine(cfg, bw)
+    engine_rows = [] if args.skip_engine else bench_engine(cfg)
     report = {"model": f"k2-layers, {args.layers} layers (random weights)", "device": str(device_info()),
               "copy_bandwidth_gbs": bw / 1e9, "kernels": kernel_rows, "engine": engine_rows,
               "seconds": time.time() - start}

@@ -56,11 +56,12 @@ def dequant(packed: np.ndarray, scale: np.ndarray) -> torch.Tensor:
 
 
 def time_burst(graph: torch.cuda.CUDAGraph, args: argparse.Namespace) -> float:
-    """Median replay time of a short burst after `args.cool` idle seconds: the board's power average falls back
-    below its cap, so a sustained measurement just before does not slow this one."""
+    """Seconds per call (a replay runs the whole pool of `args.pool` calls), median of a short burst after
+    `args.cool` idle seconds: the board's power average falls back below its cap, so a sustained measurement just
+    before does not slow this one."""
     torch.cuda.synchronize()
     time.sleep(args.cool)
-    return statistics.median(event_seconds(graph.replay, args.repeats, args.warmup))
+    return statistics.median(event_seconds(graph.replay, args.repeats, args.warmup)) / args.pool
 
 
 class ClockSampler:
@@ -101,26 +102,24 @@ class ClockSampler:
         return statistics.median(c for c, _ in late), statistics.median(p for _, p in late)
 
 
-def time_sustained(graph: torch.cuda.CUDAGraph, args: argparse.Namespace) -> tuple[float, ClockSampler]:
-    """Median replay time after `args.heat` seconds of back-to-back replays: the state a serving GPU is in. Large
-    calls reach the board's power cap within that time and run at a lower SM clock than a short burst does."""
-    with ClockSampler() as clocks:  # nvidia-smi starts slowly: it samples the heat-up too (medians skip its start)
-        start = time.perf_counter()
-        while time.perf_counter() - start < args.heat:
-            for _ in range(8):
-                graph.replay()
-            torch.cuda.synchronize()
-        median = statistics.median(event_seconds(graph.replay, args.repeats))
-    return median, clocks
+def time_sustained(graph: torch.cuda.CUDAGraph, args: argparse.Namespace) -> float:
+    """Seconds per call, median after `args.heat` seconds of back-to-back replays: the state a serving GPU is in.
+    Large calls reach the board's power cap within that time and run at a lower SM clock than a short burst does."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < args.heat:
+        for _ in range(8):
+            graph.replay()
+        torch.cuda.synchronize()
+    return statistics.median(event_seconds(graph.replay, args.repeats)) / args.pool
 
 
 def time_eager(fn, args: argparse.Namespace) -> float:
-    """Median seconds of one pass over the input pool, eager launches."""
+    """Seconds per call, median of passes over the input pool with eager launches."""
     def pool_pass() -> None:
         for i in range(args.pool):
             fn(i)
 
-    return statistics.median(event_seconds(pool_pass, args.repeats, args.warmup))
+    return statistics.median(event_seconds(pool_pass, args.repeats, args.warmup)) / args.pool
 
 
 class Peer:
@@ -255,20 +254,20 @@ def main() -> None:
         plans = [Peer.plan(*r) for r in routes]
 
         graph = capture(lambda i, s: layer.forward(outs[i], xs[i], routes[i][0], routes[i][1], None, s), args.pool)
-        ours = time_burst(graph, args) / args.pool
-        ours_hot, clocks = time_sustained(graph, args)
-        ours_hot /= args.pool
+        ours = time_burst(graph, args)
+        with ClockSampler() as clocks:  # nvidia-smi starts slowly: it samples the heat-up too (medians skip it)
+            ours_hot = time_sustained(graph, args)
         sm_mhz, watts = clocks.medians()
         del graph
         try:
             peer_graph = capture(lambda i, s: peer.forward(xs[i], plans[i], peer_outs[i]), args.pool)
-            theirs = time_burst(peer_graph, args) / args.pool
-            theirs_hot = time_sustained(peer_graph, args)[0] / args.pool
+            theirs = time_burst(peer_graph, args)
+            theirs_hot = time_sustained(peer_graph, args)
             del peer_graph
         except RuntimeError as err:  # a peer that cannot be captured is timed eagerly, and the report says so
             print(f"peer capture failed ({err}); timing it eagerly")
             peer.name += " (eager, not graph-captured)"
-            theirs = time_eager(lambda i: peer.forward(xs[i], plans[i], peer_outs[i]), args) / args.pool
+            theirs = time_eager(lambda i: peer.forward(xs[i], plans[i], peer_outs[i]), args)
             theirs_hot = theirs
         torch.cuda.synchronize()
         rel_diff = max(((o.float() - p.float()).abs().max() / p.float().abs().max()).item()

@@ -15,6 +15,9 @@ from typing import Any
 from ddtree.errors import ConfigError
 
 SUPPORTED_MODEL_TYPES = ("deepseek_v3", "kimi_k2")
+# HF transformers and DeepSeek's code build q_a_layernorm and kv_a_layernorm with the RMSNorm default eps,
+# not config.rms_norm_eps.
+LORA_NORM_EPS = 1e-6
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,11 +16,8 @@ import numpy as np
 
 from ddtree import bf16
 from ddtree.checkpoint import Checkpoint, open_checkpoint
-from ddtree.config import ModelConfig
-from ddtree.errors import RequestError
-# HF and DeepSeek build q_a_layernorm / kv_a_layernorm with RMSNorm's default eps (see reference.mla).
-from ddtree.reference.mla import LORA_NORM_EPS
-from ddtree.reference.model import check_token_ids
+from ddtree.config import LORA_NORM_EPS, ModelConfig
+from ddtree.errors import RequestError, check_token_ids
 from ddtree.reference.rope import Rope
 from ddtree.results import GenerationResult
 

@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ddtree.errors import RequestError
+from ddtree.errors import RequestError, check_token_ids
 from ddtree.reference.drafter import ReferenceDrafter, draft_top_k
-from ddtree.reference.model import ReferenceModel, check_token_ids
+from ddtree.reference.model import ReferenceModel
 from ddtree.reference.tree import accept_tree, build_tree, next_context, target_choices, verify_inputs
 from ddtree.results import GenerationResult
 

@@ -12,15 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ddtree.config import ModelConfig
+from ddtree.config import LORA_NORM_EPS, ModelConfig
 from ddtree.errors import RequestError
 from ddtree.reference.layers import linear, rms_norm, softmax
 from ddtree.reference.rope import Rope
 from ddtree.reference.tree import commit_rows
-
-# HF transformers and DeepSeek's code build q_a_layernorm and kv_a_layernorm with the RMSNorm default eps,
-# not config.rms_norm_eps.
-LORA_NORM_EPS = 1e-6
 
 
 @dataclass

@@ -17,7 +17,7 @@ import numpy as np
 from ddtree import bf16
 from ddtree.checkpoint import Checkpoint, expected_tensors, open_checkpoint
 from ddtree.config import ModelConfig
-from ddtree.errors import CheckpointError, RequestError
+from ddtree.errors import CheckpointError, RequestError, check_token_ids
 from ddtree.reference.layers import linear, rms_norm, swiglu_mlp
 from ddtree.reference.mla import AttentionWeights, KVCache, mla_attention
 from ddtree.reference.moe import ExpertStore, moe, route
@@ -145,20 +145,6 @@ class ReferenceModel:
         from ddtree.reference.generate import generate  # generate builds on this module
 
         return generate(self, None, prompt_ids, max_new_tokens).tokens
-
-
-def check_token_ids(ids: Sequence[int] | np.ndarray, vocab_size: int) -> np.ndarray:
-    """A non-empty 1-D int64 array of ids in [0, vocab); else RequestError naming the first bad id and position."""
-    array = np.asarray(ids)
-    if array.ndim != 1 or array.size == 0:
-        raise RequestError(f"token ids must be a non-empty 1-D sequence, got shape {list(array.shape)}")
-    if not np.issubdtype(array.dtype, np.integer):
-        raise RequestError(f"token ids must be integers, got dtype {array.dtype}")
-    bad = np.flatnonzero((array < 0) | (array >= vocab_size))
-    if bad.size:
-        raise RequestError(f"token id {array[bad[0]]} at position {bad[0]} is outside the vocabulary "
-                           f"[0, {vocab_size})")
-    return array.astype(np.int64)
 
 
 def _check_positions(positions: Sequence[int] | np.ndarray, n: int, max_positions: int) -> np.ndarray:
