@@ -3,14 +3,18 @@
 //
 // The chunk kernel uses Hopper warpgroup MMAs (wgmma) so that every cache byte is read from shared memory
 // about once per use: with mma.sync each warp re-reads its operands from shared memory, and the kernel was bound
-// by shared-memory bandwidth at a quarter of HBM speed. Cache tiles of 32 keys arrive by bulk-tensor (TMA)
-// copies, issued by one thread two tiles ahead into a 4-stage ring, already in the 128-byte swizzle wgmma reads
-// (per-thread cp.async put the copies' address arithmetic on the critical path). Three warpgroups:
+// by shared-memory bandwidth at a quarter of HBM speed. Cache tiles of 64 keys arrive by bulk-tensor (TMA)
+// copies, issued by one thread into a 2-stage ring, already in the 128-byte swizzle wgmma reads (per-thread
+// cp.async put the copies' address arithmetic on the critical path). 64-key tiles make every score wgmma
+// m64n64k16, which the tensor cores run at 1.5x the rate per FLOP of the m64n32k16 a 32-key tile needs; the
+// query (72 KB) and two such stages fill the shared memory. Three warpgroups:
 //   warpgroup 0: S = Q K^T for tile i (all 64 heads = wgmma M, Q and K from 128-byte-swizzled shared memory),
 //                online softmax in registers, P (bf16) and the rescale factor to shared memory;
-//   warpgroups 1, 2: O[:, half] = O * alpha + P V for tile i - 1 (P from registers, V = the same cache tile
-//                read MN-major), each owning half of the latent columns (128 fp32 accumulators per thread).
-// One CTA barrier per tile separates the two stages. Every reduction order is fixed by key positions alone.
+//   warpgroups 1, 2: O[:, half] = O * alpha + P V for tile i (P from registers, V = the same cache tile read
+//                MN-major), each owning half of the slice's latent columns, while warpgroup 0 scores tile i + 1.
+// Named barriers hand P over (one buffer: "ready" from warpgroup 0, "free" once the P.V warpgroups hold it in
+// registers), and a stage is refilled with tile i + 2 as soon as the P.V of tile i is done with it. Every
+// reduction order is fixed by key positions alone.
 //
 // Column slices: a launch of few (row, chunk) pairs (one stream at long context, a few streams at short) would
 // leave most SMs idle, so it splits each chunk's P.V columns over 2 or 4 CTAs. Each slice computes the same scores
@@ -30,11 +34,16 @@ namespace ddtree::kernels {
 namespace {
 
 constexpr int kHeads = 64;        // heads per CTA: the wgmma M
-constexpr int kTileKeys = 32;     // keys per pipeline tile: the S wgmma N
-constexpr int kStages = 4;        // cache tiles in flight: 2 ahead of S, 1 in S, 1 in P.V
+constexpr int kTileKeys = 64;     // keys per pipeline tile: the S wgmma N
+constexpr int kStages = 2;        // cache tiles in the ring: one computed on, one landing
 constexpr int kThreads = 3 * 128;
 constexpr int kSwizzleRow = 128;  // bytes per row of a 128-byte-swizzled block of 64 bf16 columns
 constexpr float kLog2e = 1.4426950408889634f;
+
+// Named barriers (0 is __syncthreads; 1 and 2 are the P.V warpgroups' own, see warpgroup_barrier).
+constexpr int kPReadyBarrier = 3;    // warpgroup 0 arrives once P and alpha of a tile are in shared memory
+constexpr int kPFreeBarrier = 4;     // the P.V warpgroups arrive once they hold P and alpha in registers
+constexpr int kStageFreeBarrier = 5; // the P.V warpgroups are done with a tile's stage
 
 // Whether DL latent columns split into `slices` P.V column slices of whole 128-column blocks (64 columns for each
 // of the two P.V warpgroups).
@@ -53,9 +62,10 @@ struct Tile {
     static constexpr int q_bytes = kBlocks * kHeads * kSwizzleRow;
     static constexpr int stage_bytes = kBlocks * kTileKeys * kSwizzleRow;
     static constexpr int p_bytes = kHeads * kTileKeys * 2;
-    static constexpr size_t bytes = 1024 + q_bytes + kStages * stage_bytes + 2 * p_bytes + 2 * kHeads * 4;
+    static constexpr size_t bytes = 1024 + q_bytes + kStages * stage_bytes + p_bytes + kHeads * 4;
     static_assert(D % 16 == 0 && DL % 8 == 0 && (DL % 128 == 0 || DL <= 64), "unsupported MLA dims");
     static_assert(slices_fit(DL, kSlices), "a column slice is whole P.V warpgroup blocks");
+    static_assert(bytes <= 227 * 1024, "query, two cache stages and P exceed the shared memory of an SM");
 };
 
 // Byte offset of 16-byte column chunk `c` of row `r` in a tile of `rows` rows stored as 64-column blocks of
@@ -64,16 +74,18 @@ __device__ __forceinline__ uint32_t swizzled(int r, int c, int rows) {
     return (c / 8) * rows * kSwizzleRow + r * kSwizzleRow + ((c % 8) ^ (r % 8)) * 16;
 }
 
-// P tile [64 heads][32 keys] bf16, 64-byte rows: chunk ^= (row / 2) % 4 keeps ldmatrix and stores conflict-free.
-__device__ __forceinline__ uint32_t p_offset(int r, int chunk) { return r * 64 + ((chunk ^ ((r >> 1) & 3)) * 16); }
+// P tile [64 heads][64 keys] bf16 in 128-byte rows, chunk ^= row % 8: a warp's stores (8 rows, one chunk each)
+// and ldmatrix reads (8 rows of one chunk) both hit 32 distinct banks.
+__device__ __forceinline__ uint32_t p_offset(int r, int chunk) { return r * kSwizzleRow + ((chunk ^ (r & 7)) * 16); }
 
-// d[64 x 32] (+)= A[64 x 16] B[16 x 32]; A and B K-major in shared memory.
-__device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+// d[64 x 64] (+)= A[64 x 16] B[16 x 64]; A and B K-major in shared memory.
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
-        "%12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-        : DDTREE_WGMMA_D16(d, 0)
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+        "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : DDTREE_WGMMA_D16(d, 0), DDTREE_WGMMA_D16(d, 16)
         : "l"(a), "l"(b), "r"(accumulate));
 }
 
@@ -88,9 +100,18 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
-// Barrier among the 128 threads of one warpgroup (ids 1.. : 0 is __syncthreads).
+// Barrier among the 128 threads of one warpgroup (ids 1, 2).
 __device__ __forceinline__ void warpgroup_barrier(int id) {
     asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+}
+
+// Producer / consumer halves of a named barrier over `threads` threads: arrive does not wait; sync waits until
+// all `threads` have arrived or synced, and orders the arrivers' earlier shared-memory writes before its reads.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 template <int DL, int DR, int kSlices>
@@ -122,7 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     unsigned char* s_q = smem;
     unsigned char* s_kv = s_q + T::q_bytes;
     unsigned char* s_p = s_kv + kStages * T::stage_bytes;
-    float* s_alpha = reinterpret_cast<float*>(s_p + 2 * T::p_bytes);
+    float* s_alpha = reinterpret_cast<float*>(s_p + T::p_bytes);
     const uint32_t q_addr = smem_addr(s_q), kv_addr = smem_addr(s_kv);
 
     __shared__ __align__(8) uint64_t full[kStages];  // one per cache stage: its tile's bytes have landed
@@ -158,21 +179,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The query (cp.async, generic proxy) must be visible to the score wgmmas (async proxy) of every warp.
     cp_async_wait<0>();
     fence_proxy_async();
+    __syncthreads();
 
-    // Iteration i: S and softmax of tile i (warpgroup 0) beside P.V of tile i - 1 (warpgroups 1, 2).
+    // Warpgroup 0 scores tile i and runs its softmax while the P.V warpgroups multiply P of tile i - 1. A stage is
+    // refilled (tile i + 2) as soon as P.V of tile i is done with it, so one tile is always landing.
     if (wg == 0) {
         const int r_lo = 16 * warp + g, r_hi = r_lo + 8;
         float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
-        float s[16];
+        float s[32];
 #pragma unroll
-        for (int i = 0; i < 16; ++i) s[i] = 0.f;
+        for (int i = 0; i < 32; ++i) s[i] = 0.f;
         const uint64_t q_desc = sw128_desc(q_addr, 16, 8 * kSwizzleRow);
         const uint64_t k_desc = sw128_desc(kv_addr, 16, 8 * kSwizzleRow);
-        for (int tile = 0; tile <= ntiles; ++tile) {
-            __syncthreads();  // publishes P and alpha of tile - 1, retires tile - 2's stage
-            if (tile == ntiles) break;
+        for (int tile = 0; tile < ntiles; ++tile) {
             wait_tile(tile);
-
             const uint64_t stage_desc = k_desc + (((tile % kStages) * T::stage_bytes) >> 4);
             fence_registers(s);
             wgmma_fence();
@@ -180,18 +200,18 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int kk = 0; kk < T::kKSteps; ++kk) {
                 // block kk / 4 of 64 columns, k16 step kk % 4 inside its 128-byte rows (descriptor units: 16 B)
                 const uint32_t off = (kk % 4) * 2;
-                wgmma_m64n32k16_ss(s, q_desc + (kk / 4) * (kHeads * kSwizzleRow / 16) + off,
+                wgmma_m64n64k16_ss(s, q_desc + (kk / 4) * (kHeads * kSwizzleRow / 16) + off,
                                    stage_desc + (kk / 4) * (kTileKeys * kSwizzleRow / 16) + off, kk > 0);
             }
             wgmma_commit();
             wgmma_wait();
             fence_registers(s);
 
-            // Online softmax in base 2 (the scale holds log2(e)); each row's 32 scores live in the 4 lanes
+            // Online softmax in base 2 (the scale holds log2(e)); each row's 64 scores live in the 4 lanes
             // of one quad: s[4j + {0,1}] = row g, keys 8j + 2t + {0,1}; s[4j + {2,3}] = row g + 8.
             float mx_lo = m_lo, mx_hi = m_hi;
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
+            for (int j = 0; j < 8; ++j) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const bool valid = tile * kTileKeys + 8 * j + 2 * t + e < nkeys;
@@ -206,16 +226,16 @@ __global__ void __launch_bounds__(kThreads, 1)
                 mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, offset));
                 mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, offset));
             }
-            unsigned char* p_tile = s_p + (tile % 2) * T::p_bytes;
             float sum_lo = 0.f, sum_hi = 0.f;
+            uint32_t p_lo[8], p_hi[8];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
+            for (int j = 0; j < 8; ++j) {
                 const float p0 = exp2f(s[4 * j] - mx_lo), p1 = exp2f(s[4 * j + 1] - mx_lo);
                 const float p2 = exp2f(s[4 * j + 2] - mx_hi), p3 = exp2f(s[4 * j + 3] - mx_hi);
                 sum_lo += p0 + p1;
                 sum_hi += p2 + p3;
-                *reinterpret_cast<uint32_t*>(p_tile + p_offset(r_lo, j) + 4 * t) = pack_bf16x2(p0, p1);
-                *reinterpret_cast<uint32_t*>(p_tile + p_offset(r_hi, j) + 4 * t) = pack_bf16x2(p2, p3);
+                p_lo[j] = pack_bf16x2(p0, p1);
+                p_hi[j] = pack_bf16x2(p2, p3);
             }
 #pragma unroll
             for (int offset = 1; offset < 4; offset <<= 1) {
@@ -227,10 +247,18 @@ __global__ void __launch_bounds__(kThreads, 1)
             l_hi = l_hi * alpha_hi + sum_hi;
             m_lo = mx_lo;
             m_hi = mx_hi;
-            if (t == 0) {
-                s_alpha[(tile % 2) * kHeads + r_lo] = alpha_lo;
-                s_alpha[(tile % 2) * kHeads + r_hi] = alpha_hi;
+            // One P buffer: wait until the P.V warpgroups hold the previous tile's P and alpha in registers.
+            if (tile > 0) named_barrier_sync(kPFreeBarrier, kThreads);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                *reinterpret_cast<uint32_t*>(s_p + p_offset(r_lo, j) + 4 * t) = p_lo[j];
+                *reinterpret_cast<uint32_t*>(s_p + p_offset(r_hi, j) + 4 * t) = p_hi[j];
             }
+            if (t == 0) {
+                s_alpha[r_lo] = alpha_lo;
+                s_alpha[r_hi] = alpha_hi;
+            }
+            named_barrier_arrive(kPReadyBarrier, kThreads);
         }
         const int64_t part = static_cast<int64_t>(row) * max_chunks + chunk;
         if (slice == 0 && t == 0 && h0 + r_lo < heads) {
@@ -246,71 +274,88 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int block0 = slice_block0 + pv * T::kPvBlocks;  // this warpgroup's first 64-column block
         const uint64_t pv_desc =
             sw128_desc(kv_addr + block0 * kTileKeys * kSwizzleRow, kTileKeys * kSwizzleRow, 8 * kSwizzleRow);
+        constexpr int kPParts = T::kPvBlocks >= 4 ? 2 : 1, kStepsPerPart = kTileKeys / 16 / kPParts;
+        static_assert(kPParts == 1 || T::kPvGroups == 2, "an idle warpgroup loads P in one part");
         float o[T::kPvBlocks][32];
 #pragma unroll
         for (int b = 0; b < T::kPvBlocks; ++b) {
 #pragma unroll
             for (int i = 0; i < 32; ++i) o[b][i] = 0.f;
         }
-        for (int tile = 0; tile <= ntiles; ++tile) {
-            __syncthreads();
-            if (tid == 128 && tile + 2 < ntiles) issue(tile + 2);  // its stage was retired by this barrier
-            if (tile == 0 || !active) continue;
-
-            const int prev = tile - 1;
-            wait_tile(prev);
-            // Keys past the chunk's end are cache rows of other positions (or zeros past the cache): P is 0
-            // there, but 0 * V must not become NaN, so this warpgroup zeroes those rows of its V columns.
-            const int valid_rows = nkeys - prev * kTileKeys;
-            if (valid_rows < kTileKeys) {
-                unsigned char* stage = s_kv + (prev % kStages) * T::stage_bytes;
-                constexpr int kChunksPerBlock = kTileKeys * kSwizzleRow / 16;
-                for (int idx = tid - 128 * wg; idx < T::kPvBlocks * kChunksPerBlock; idx += 128) {
-                    const int b = block0 + idx / kChunksPerBlock, chunk16 = idx % kChunksPerBlock;
-                    if (chunk16 >= valid_rows * (kSwizzleRow / 16)) {
-                        *reinterpret_cast<uint4*>(stage + b * kTileKeys * kSwizzleRow + chunk16 * 16) =
-                            make_uint4(0, 0, 0, 0);
+        for (int tile = 0; tile < ntiles; ++tile) {
+            named_barrier_sync(kPReadyBarrier, kThreads);
+            const float alpha_lo = s_alpha[r_lo], alpha_hi = s_alpha[r_lo + 8];
+            // P's A fragments: all four k16 steps at once, or in two parts when the warpgroup's 256 accumulator
+            // columns leave no registers for all of them (the second part is loaded after the first's wgmmas).
+            uint32_t a[kStepsPerPart][4];
+            auto load_p = [&](int part) {
+#pragma unroll
+                for (int kk = 0; kk < kStepsPerPart; ++kk) {
+                    const int step = part * kStepsPerPart + kk;
+                    ldmatrix_x4(a[kk], s_p + p_offset(16 * warp + lane % 16, 2 * step + lane / 16));
+                }
+                if (part == kPParts - 1 && tile + 1 < ntiles) named_barrier_arrive(kPFreeBarrier, kThreads);
+            };
+            load_p(0);
+            if (active) {
+                wait_tile(tile);
+                // Keys past the chunk's end are cache rows of other positions (or zeros past the cache): P is 0
+                // there, but 0 * V must not become NaN, so this warpgroup zeroes those rows of its V columns
+                // (warpgroup 0 has finished reading the stage: it published P after its score wgmmas completed).
+                const int valid_rows = nkeys - tile * kTileKeys;
+                if (valid_rows < kTileKeys) {
+                    unsigned char* stage = s_kv + (tile % kStages) * T::stage_bytes;
+                    constexpr int kChunksPerBlock = kTileKeys * kSwizzleRow / 16;
+                    for (int idx = tid - 128 * wg; idx < T::kPvBlocks * kChunksPerBlock; idx += 128) {
+                        const int b = block0 + idx / kChunksPerBlock, chunk16 = idx % kChunksPerBlock;
+                        if (chunk16 >= valid_rows * (kSwizzleRow / 16)) {
+                            *reinterpret_cast<uint4*>(stage + b * kTileKeys * kSwizzleRow + chunk16 * 16) =
+                                make_uint4(0, 0, 0, 0);
+                        }
                     }
+                    fence_proxy_async();
+                    warpgroup_barrier(wg);
                 }
-                fence_proxy_async();
-                warpgroup_barrier(wg);
-            }
-            const float alpha_lo = s_alpha[(prev % 2) * kHeads + r_lo];
-            const float alpha_hi = s_alpha[(prev % 2) * kHeads + r_lo + 8];
-            const unsigned char* p_tile = s_p + (prev % 2) * T::p_bytes;
-            uint32_t a[2][4];
-#pragma unroll
-            for (int kk = 0; kk < 2; ++kk) {
-                ldmatrix_x4(a[kk], p_tile + p_offset(16 * warp + lane % 16, 2 * kk + lane / 16));
-            }
-            const bool rescale = !__all_sync(0xffffffffu, alpha_lo == 1.f && alpha_hi == 1.f);
-#pragma unroll
-            for (int b = 0; b < T::kPvBlocks; ++b) {
-#pragma unroll
-                for (int j = 0; j < 8 && rescale; ++j) {
-                    o[b][4 * j] *= alpha_lo;
-                    o[b][4 * j + 1] *= alpha_lo;
-                    o[b][4 * j + 2] *= alpha_hi;
-                    o[b][4 * j + 3] *= alpha_hi;
-                }
-                fence_registers(o[b]);
-            }
-            wgmma_fence();
-            // V = the cache tile read MN-major: lbo steps 64-column blocks, sbo steps 8-key groups. Independent
-            // blocks are issued back to back; each block's two k16 steps chain.
-            const uint64_t v_desc = pv_desc + (((prev % kStages) * T::stage_bytes) >> 4);
-#pragma unroll
-            for (int kk = 0; kk < 2; ++kk) {
+                const bool rescale = !__all_sync(0xffffffffu, alpha_lo == 1.f && alpha_hi == 1.f);
 #pragma unroll
                 for (int b = 0; b < T::kPvBlocks; ++b) {
-                    wgmma_m64n64k16_rs(o[b], a[kk],
-                                       v_desc + (b * kTileKeys * kSwizzleRow + kk * 16 * kSwizzleRow) / 16);
+#pragma unroll
+                    for (int j = 0; j < 8 && rescale; ++j) {
+                        o[b][4 * j] *= alpha_lo;
+                        o[b][4 * j + 1] *= alpha_lo;
+                        o[b][4 * j + 2] *= alpha_hi;
+                        o[b][4 * j + 3] *= alpha_hi;
+                    }
+                }
+                // V = the cache tile read MN-major: lbo steps 64-column blocks, sbo steps 8-key groups. Independent
+                // blocks are issued back to back; each block's k16 steps chain.
+                const uint64_t v_desc = pv_desc + (((tile % kStages) * T::stage_bytes) >> 4);
+#pragma unroll
+                for (int part = 0; part < kPParts; ++part) {
+                    if (part > 0) load_p(part);
+#pragma unroll
+                    for (int b = 0; b < T::kPvBlocks; ++b) fence_registers(o[b]);
+                    wgmma_fence();
+#pragma unroll
+                    for (int kk = 0; kk < kStepsPerPart; ++kk) {
+                        const int step = part * kStepsPerPart + kk;
+#pragma unroll
+                        for (int b = 0; b < T::kPvBlocks; ++b) {
+                            wgmma_m64n64k16_rs(o[b], a[kk],
+                                               v_desc + (b * kTileKeys * kSwizzleRow + step * 16 * kSwizzleRow) / 16);
+                        }
+                    }
+                    wgmma_commit();
+                    wgmma_wait();
+#pragma unroll
+                    for (int b = 0; b < T::kPvBlocks; ++b) fence_registers(o[b]);
                 }
             }
-            wgmma_commit();
-            wgmma_wait();
-#pragma unroll
-            for (int b = 0; b < T::kPvBlocks; ++b) fence_registers(o[b]);
+            // Both P.V warpgroups are done with this tile's stage: refill it with tile + 2.
+            if (tile + 2 < ntiles) {
+                named_barrier_sync(kStageFreeBarrier, 256);
+                if (tid == 128) issue(tile + 2);
+            }
         }
         if (active) {
             const int64_t part = static_cast<int64_t>(row) * max_chunks + chunk;
