@@ -1,4 +1,6 @@
 // Arg-max / Gumbel-max sampling and the decode-state advance.
+#include <cooperative_groups.h>
+
 #include <cmath>
 
 #include "sample.cuh"
@@ -6,14 +8,25 @@
 namespace ddtree::kernels {
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kThreads = 512;
+// CTAs per row, one thread-block cluster: one CTA per row left a 163840-token vocabulary (a 64-bit hash and two
+// logarithms per token when sampling) to a single SM. The pick is an exact maximum with ties to the lower id, so
+// how the vocabulary is cut never changes the token.
+constexpr int kRowCtas = 8;
 
 __global__ void __launch_bounds__(kThreads)
     sample_kernel(int32_t* tokens, const float* logits, int64_t ld, int vocab, const float* temperature,
                   const unsigned long long* seed, const int32_t* stream_ids, const int32_t* positions) {
     __shared__ Best warp_bests[kThreads / 32];
+    __shared__ Best cta_best;
     dependent_kernel_start();
-    const int row = blockIdx.x;
+    const cg::cluster_group cluster = cg::this_cluster();
+    const int row = blockIdx.y;
+    const int part = static_cast<int>(cluster.block_rank());
+    const int per_part = (vocab + kRowCtas - 1) / kRowCtas;
+    const int end = min(vocab, (part + 1) * per_part);
     const float* x = logits + row * ld;
     const float temp = *temperature;
     const bool greedy = !(temp > 0.f);
@@ -21,7 +34,7 @@ __global__ void __launch_bounds__(kThreads)
     const uint64_t key = mix64(*seed ^ mix64((static_cast<uint64_t>(stream_ids[row]) << 32) |
                                              static_cast<uint32_t>(positions[row])));
     Best best{-INFINITY, vocab};
-    for (int i = threadIdx.x; i < vocab; i += kThreads) {
+    for (int i = part * per_part + threadIdx.x; i < end; i += kThreads) {
         float v = x[i];
         if (!greedy) {
             const uint64_t h = hash_at(key, i);
@@ -35,9 +48,15 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     if (threadIdx.x == 0) {
         for (int w = 1; w < kThreads / 32; ++w) best = better(best, warp_bests[w]);
+        cta_best = best;
+    }
+    cluster.sync();  // every CTA's best is in its shared memory
+    if (part == 0 && threadIdx.x == 0) {
+        for (int r = 1; r < kRowCtas; ++r) best = better(best, *cluster.map_shared_rank(&cta_best, r));
         // A row of NaNs leaves no maximum; token 0 keeps the id in range.
         tokens[row] = best.index < vocab ? best.index : 0;
     }
+    cluster.sync();  // the other CTAs' shared memory stays alive until rank 0 has read it
 }
 
 __global__ void advance_kernel(int32_t* ids, int32_t* positions, int32_t* kv_len, int32_t* slots,
@@ -65,14 +84,28 @@ __global__ void advance_kernel(int32_t* ids, int32_t* positions, int32_t* kv_len
 cudaError_t sample_tokens(int32_t* tokens, const float* logits, int64_t ld, int rows, int vocab,
                           const float* temperature, const unsigned long long* seed, const int32_t* stream_ids,
                           const int32_t* positions, cudaStream_t stream) {
-    if (rows < 0 || vocab <= 0 || ld < vocab) {
+    if (rows < 0 || rows > 65535 || vocab <= 0 || ld < vocab) {  // rows are the grid's y dimension
         return cudaErrorInvalidValue;
     }
     if (rows == 0) {
         return cudaSuccess;
     }
-    return launch_dependent(sample_kernel, dim3(rows), dim3(kThreads), 0, stream, tokens, logits, ld, vocab,
-                            temperature, seed, stream_ids, positions);
+    // A dependent launch (as launch_dependent) in clusters of kRowCtas CTAs, one cluster per row.
+    cudaLaunchAttribute attributes[2] = {};
+    attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[0].val.programmaticStreamSerializationAllowed = 1;
+    attributes[1].id = cudaLaunchAttributeClusterDimension;
+    attributes[1].val.clusterDim.x = kRowCtas;
+    attributes[1].val.clusterDim.y = 1;
+    attributes[1].val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(kRowCtas, rows);
+    config.blockDim = dim3(kThreads);
+    config.stream = stream;
+    config.attrs = attributes;
+    config.numAttrs = 2;
+    return cudaLaunchKernelEx(&config, sample_kernel, tokens, logits, ld, vocab, temperature, seed, stream_ids,
+                              positions);
 }
 
 cudaError_t advance_decode(int32_t* ids, int32_t* positions, int32_t* kv_len, int32_t* slots, const int32_t* kv_start,

@@ -3,7 +3,7 @@
 //
 // Greedy (temperature <= 0): arg-max, ties to the lower id. Sampling: Gumbel-max, argmax(logit / T + G) with G
 // from a counter-based hash of (seed, stream, position, token id): reproducible and independent of which other
-// rows share the launch. One CTA per row.
+// rows share the launch. One cluster of CTAs per row, each CTA a slice of the vocabulary.
 #pragma once
 #include <cstdint>
 
@@ -11,7 +11,7 @@
 
 namespace ddtree::kernels {
 
-// temperature and seed live in device memory so a captured graph picks up new values on replay.
+// temperature and seed live in device memory so a captured graph picks up new values on replay. rows <= 65535.
 cudaError_t sample_tokens(int32_t* tokens, const float* logits, int64_t ld, int rows, int vocab,
                           const float* temperature, const unsigned long long* seed, const int32_t* stream_ids,
                           const int32_t* positions, cudaStream_t stream);

@@ -117,7 +117,10 @@ void bind_engine(nb::module_& m) {
             "layer chose, int32 [moe layers, rows, topk].")
         .def("randomize_cache", &Engine::randomize_cache, nb::arg("seed"), nb::call_guard<nb::gil_scoped_release>())
         .def("time_decode", &Engine::time_decode, nb::arg("streams"), nb::arg("positions"), nb::arg("iters"),
-             nb::call_guard<nb::gil_scoped_release>())
+             nb::arg("temperature") = 1.0f, nb::arg("seed") = 1, nb::call_guard<nb::gil_scoped_release>(),
+             "Device and host seconds per replayed decode step. Tokens are sampled at `temperature` (default 1): "
+             "greedy decoding of random weights can settle on a few tokens, and the routed work per step would "
+             "then follow tiny numeric differences.")
         .def("profile_step", &Engine::profile_step, nb::arg("streams"), nb::arg("positions"), nb::arg("iters"),
              nb::call_guard<nb::gil_scoped_release>());
 

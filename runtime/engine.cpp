@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <chrono>
+#include <cmath>
 #include <numeric>
 #include <thread>
 #include <tuple>
@@ -477,6 +478,12 @@ void Engine::sample(const RowBuffers& rows, int n_logits) {
                                 rows.logit_stream_ids, rows.logit_positions, stream_));
 }
 
+void Engine::set_sampling(float temperature, uint64_t seed) {
+    CUDA_CHECK(cudaMemcpyAsync(temperature_, &temperature, 4, cudaMemcpyHostToDevice, stream_));
+    const unsigned long long seed_value = seed;
+    CUDA_CHECK(cudaMemcpyAsync(seed_, &seed_value, 8, cudaMemcpyHostToDevice, stream_));
+}
+
 std::vector<int32_t> Engine::prefill(const std::vector<std::vector<int32_t>>& prompts, float temperature,
                                      uint64_t seed) {
     CUDA_CHECK(cudaSetDevice(device_));
@@ -487,9 +494,7 @@ std::vector<int32_t> Engine::prefill(const std::vector<std::vector<int32_t>>& pr
         throw std::invalid_argument("prefill takes 1.." + std::to_string(streams_) + " prompts, got " +
                                     std::to_string(prompts.size()));
     }
-    CUDA_CHECK(cudaMemcpyAsync(temperature_, &temperature, 4, cudaMemcpyHostToDevice, stream_));
-    const unsigned long long seed_value = seed;
-    CUDA_CHECK(cudaMemcpyAsync(seed_, &seed_value, 8, cudaMemcpyHostToDevice, stream_));
+    set_sampling(temperature, seed);
     std::vector<int32_t> ids, streams, positions;
     for (size_t i = 0; i < prompts.size(); ++i) {
         if (prompts[i].empty() || static_cast<int>(prompts[i].size()) > max_context_) {
@@ -583,9 +588,7 @@ std::vector<std::vector<int32_t>> Engine::decode(const std::vector<int32_t>& fir
                                         " decode steps exceeds max_context " + std::to_string(max_context_));
         }
     }
-    CUDA_CHECK(cudaMemcpyAsync(temperature_, &temperature, 4, cudaMemcpyHostToDevice, stream_));
-    const unsigned long long seed_value = seed;
-    CUDA_CHECK(cudaMemcpyAsync(seed_, &seed_value, 8, cudaMemcpyHostToDevice, stream_));
+    set_sampling(temperature, seed);
     set_decode_state(first_tokens, prompt_lengths, n);
     // history[s][0] is the prefill token; each replay appends one.
     std::vector<int32_t> history_init(static_cast<size_t>(n) * max_steps_, 0);
@@ -639,7 +642,8 @@ void Engine::randomize_cache(uint64_t seed) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-std::pair<double, double> Engine::time_decode(int n, const std::vector<int32_t>& positions, int iters) {
+std::pair<double, double> Engine::time_decode(int n, const std::vector<int32_t>& positions, int iters,
+                                              float temperature, uint64_t seed) {
     CUDA_CHECK(cudaSetDevice(device_));
     if (n < 1 || n > streams_ || static_cast<int>(positions.size()) != n || iters < 1) {
         throw std::invalid_argument("time_decode: need 1.." + std::to_string(streams_) + " streams, one position each");
@@ -649,6 +653,10 @@ std::pair<double, double> Engine::time_decode(int n, const std::vector<int32_t>&
             throw std::invalid_argument("time_decode: position " + std::to_string(p) + " + iters leaves max_context");
         }
     }
+    if (!(temperature >= 0.f) || std::isinf(temperature)) {
+        throw std::invalid_argument("time_decode: temperature must be finite and >= 0");
+    }
+    set_sampling(temperature, seed);
     const std::vector<int32_t> ids = probe_ids(n, dims_.vocab);
     set_decode_state(ids, positions, n);
     const int32_t zero = 0;

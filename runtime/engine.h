@@ -64,9 +64,10 @@ class Engine {
 
     // Benchmark support: random weights (see Weights::randomize), random cache contents for every stream.
     void randomize_cache(uint64_t seed);
-    // Replays the decode graph of `n` streams at the given positions `iters` times; returns
-    // {device seconds per step, host seconds per graph launch}.
-    std::pair<double, double> time_decode(int n, const std::vector<int32_t>& positions, int iters);
+    // Replays the decode graph of `n` streams at the given positions `iters` times, sampling each next token at
+    // `temperature` with `seed`; returns {device seconds per step, host seconds per graph launch}.
+    std::pair<double, double> time_decode(int n, const std::vector<int32_t>& positions, int iters, float temperature,
+                                          uint64_t seed);
     // Device time per operation of one eager decode step of `n` streams at the given positions.
     StepProfile profile_step(int n, const std::vector<int32_t>& positions, int iters);
 
@@ -86,6 +87,8 @@ class Engine {
     void forward(const RowBuffers& rows, int n_rows, int n_logit_rows, int span, Timeline* timeline,
                  bool capture_routing);
     void sample(const RowBuffers& rows, int n_logit_rows);
+    // Temperature and seed of the device sampler (read by every sampling step, captured graphs included).
+    void set_sampling(float temperature, uint64_t seed);
     void set_decode_state(const std::vector<int32_t>& ids, const std::vector<int32_t>& positions, int n);
     // The attention span for rows whose kv_len reaches at most longest = max(positions) + ahead: whole key chunks,
     // rounded up to a quarter of the power of two below `longest` (at most 25% spare keys; four decode graphs per

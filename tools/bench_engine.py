@@ -171,11 +171,19 @@ def bench_small_kernels(rows: int, cfg, bw: float) -> list[dict]:
     pos = torch.zeros(rows, device="cuda", dtype=torch.int32)
     results.append(row("sample (greedy)", median_ms(lambda: kernels.sample_tokens(tokens, big, temp, seed, pos, pos)),
                        big.numel() * 4, median_ms(lambda: big.argmax(-1)), "torch argmax"))
+    warm = torch.ones(1, device="cuda")
+    results.append(row("sample (T=1)", median_ms(lambda: kernels.sample_tokens(tokens, big, warm, seed, pos, pos)),
+                       big.numel() * 4, median_ms(lambda: torch.multinomial(torch.softmax(big, -1), 1)),
+                       "torch softmax+multinomial"))
     table = torch.randn(vocab, h, device="cuda").bfloat16()
     ids1 = torch.randint(0, vocab, (rows,), device="cuda", dtype=torch.int32)
     results.append(row("embed gather", median_ms(lambda: kernels.gather_rows(out, table, ids1)), 2 * x.numel() * 2,
                        median_ms(lambda: table[ids1]), "torch index"))
     return results
+
+
+# AR steps sample their next tokens at this temperature (see the report's AR section).
+SAMPLE_TEMPERATURE = 1.0
 
 
 def bench_engine(cfg, streams_list=(1, 8, 16), contexts=(1024, 8192), iters: int = 40,
@@ -190,7 +198,7 @@ def bench_engine(cfg, streams_list=(1, 8, 16), contexts=(1024, 8192), iters: int
     for context in contexts:
         for n in streams_list:
             positions = [context - 1] * n
-            step_s, host_s = native.time_decode(n, positions, iters)
+            step_s, host_s = native.time_decode(n, positions, iters, temperature=SAMPLE_TEMPERATURE, seed=1)
             profile = dict(native.profile_step(n, positions, 3))
             results.append({"streams": n, "context": context, "max_context": max_context, "step_ms": step_s * 1e3,
                             "tokens_per_s": n / step_s, "host_us_per_step": host_s * 1e6,
@@ -218,6 +226,9 @@ def write_reports(out: Path, report: dict) -> None:
                      f"{100 * r['of_copy_bw']:.0f}% | {stream} | {r['peer']} | {peer_ms} | "
                      f"{r['splits'] or ''} |")
     lines += ["", "## Autoregressive decode (CUDA graph replay)", "",
+              (f"Tokens sampled at temperature {SAMPLE_TEMPERATURE:g} (seeded): greedy decoding of random weights can "
+               "settle on a few tokens, and the routed experts' work per step would then follow tiny numeric "
+               "differences between builds."), "",
               "| streams | context | engine max_context | ms/step | tokens/s | host us/step |",
               "|---|---|---|---|---|---|"]
     for r in report["engine"]:

@@ -220,6 +220,15 @@ def test_engine_rejects_bad_requests(model_dirs: dict[str, Path]) -> None:
         engine.generate([[1] * 30], 4)
 
 
+def test_time_decode_samples_and_rejects_a_bad_temperature(model_dirs: dict[str, Path]) -> None:
+    native = ddtree.Engine(model_dirs["tiny"], streams=2, max_context=64).native
+    step_s, host_s = native.time_decode(2, [5, 9], 4, temperature=1.0, seed=3)
+    assert step_s > 0 and host_s > 0
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature must be finite and >= 0"):
+            native.time_decode(2, [5, 9], 4, temperature=bad)
+
+
 def test_memory_preflight_refuses_with_numbers() -> None:
     cfg = preset_config("k2-layers", 4)
     with pytest.raises(ValueError, match=r"does not fit on device 0: weights .* GiB \+ KV cache .* GiB"):
