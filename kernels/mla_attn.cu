@@ -40,7 +40,7 @@ constexpr int kThreads = 3 * 128;
 constexpr int kSwizzleRow = 128;  // bytes per row of a 128-byte-swizzled block of 64 bf16 columns
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Named barriers (0 is __syncthreads; 1 and 2 are the P.V warpgroups' own, see warpgroup_barrier).
+// Named barriers (0 is __syncthreads; 1 and 2 are the P.V warpgroups' own, 128 threads each).
 constexpr int kPReadyBarrier = 3;    // warpgroup 0 arrives once P and alpha of a tile are in shared memory
 constexpr int kPFreeBarrier = 4;     // the P.V warpgroups arrive once they hold P and alpha in registers
 constexpr int kStageFreeBarrier = 5; // the P.V warpgroups are done with a tile's stage
@@ -77,33 +77,6 @@ __device__ __forceinline__ uint32_t swizzled(int r, int c, int rows) {
 // P tile [64 heads][64 keys] bf16 in 128-byte rows, chunk ^= row % 8: a warp's stores (8 rows, one chunk each)
 // and ldmatrix reads (8 rows of one chunk) both hit 32 distinct banks.
 __device__ __forceinline__ uint32_t p_offset(int r, int chunk) { return r * kSwizzleRow + ((chunk ^ (r & 7)) * 16); }
-
-// d[64 x 64] (+)= A[64 x 16] B[16 x 64]; A and B K-major in shared memory.
-__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
-        "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, p, 1, 1, 0, 0;\n}\n"
-        : DDTREE_WGMMA_D16(d, 0), DDTREE_WGMMA_D16(d, 16)
-        : "l"(a), "l"(b), "r"(accumulate));
-}
-
-// d[64 x 64] += A[64 x 16] B[16 x 64]; A in registers (mma.sync A-fragment layout per warp), B MN-major.
-__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
-        "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-        : DDTREE_WGMMA_D16(d, 0), DDTREE_WGMMA_D16(d, 16)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-
-// Barrier among the 128 threads of one warpgroup (ids 1, 2).
-__device__ __forceinline__ void warpgroup_barrier(int id) {
-    asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
-}
 
 // Producer / consumer halves of a named barrier over `threads` threads: arrive does not wait; sync waits until
 // all `threads` have arrived or synced, and orders the arrivers' earlier shared-memory writes before its reads.
@@ -314,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         }
                     }
                     fence_proxy_async();
-                    warpgroup_barrier(wg);
+                    named_barrier_sync(wg, 128);  // this warpgroup's zeroed rows are in place
                 }
                 const bool rescale = !__all_sync(0xffffffffu, alpha_lo == 1.f && alpha_hi == 1.f);
 #pragma unroll
@@ -341,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         const int step = part * kStepsPerPart + kk;
 #pragma unroll
                         for (int b = 0; b < T::kPvBlocks; ++b) {
-                            wgmma_m64n64k16_rs(o[b], a[kk],
+                            wgmma_m64n64k16_rs_mn(o[b], a[kk],
                                                v_desc + (b * kTileKeys * kSwizzleRow + step * 16 * kSwizzleRow) / 16);
                         }
                     }

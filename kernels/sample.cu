@@ -90,22 +90,8 @@ cudaError_t sample_tokens(int32_t* tokens, const float* logits, int64_t ld, int 
     if (rows == 0) {
         return cudaSuccess;
     }
-    // A dependent launch (as launch_dependent) in clusters of kRowCtas CTAs, one cluster per row.
-    cudaLaunchAttribute attributes[2] = {};
-    attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attributes[0].val.programmaticStreamSerializationAllowed = 1;
-    attributes[1].id = cudaLaunchAttributeClusterDimension;
-    attributes[1].val.clusterDim.x = kRowCtas;
-    attributes[1].val.clusterDim.y = 1;
-    attributes[1].val.clusterDim.z = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(kRowCtas, rows);
-    config.blockDim = dim3(kThreads);
-    config.stream = stream;
-    config.attrs = attributes;
-    config.numAttrs = 2;
-    return cudaLaunchKernelEx(&config, sample_kernel, tokens, logits, ld, vocab, temperature, seed, stream_ids,
-                              positions);
+    return launch_dependent_clusters(sample_kernel, dim3(kRowCtas, rows), dim3(kThreads), kRowCtas, 0, stream,
+                                     tokens, logits, ld, vocab, temperature, seed, stream_ids, positions);
 }
 
 cudaError_t advance_decode(int32_t* ids, int32_t* positions, int32_t* kv_len, int32_t* slots, const int32_t* kv_start,

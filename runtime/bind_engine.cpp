@@ -122,7 +122,8 @@ void bind_engine(nb::module_& m) {
              "greedy decoding of random weights can settle on a few tokens, and the routed work per step would "
              "then follow tiny numeric differences.")
         .def("profile_step", &Engine::profile_step, nb::arg("streams"), nb::arg("positions"), nb::arg("iters"),
-             nb::call_guard<nb::gil_scoped_release>());
+             nb::arg("temperature") = 1.0f, nb::arg("seed") = 1, nb::call_guard<nb::gil_scoped_release>(),
+             "Device seconds per operation of one eager decode step, the sampler at `temperature`.");
 
     nb::module_ kernels = nb::borrow<nb::module_>(m.attr("kernels"));
     bind_engine_kernels(kernels);

@@ -479,6 +479,9 @@ void Engine::sample(const RowBuffers& rows, int n_logits) {
 }
 
 void Engine::set_sampling(float temperature, uint64_t seed) {
+    if (!(temperature >= 0.f) || std::isinf(temperature)) {
+        throw std::invalid_argument("temperature must be finite and >= 0, got " + std::to_string(temperature));
+    }
     CUDA_CHECK(cudaMemcpyAsync(temperature_, &temperature, 4, cudaMemcpyHostToDevice, stream_));
     const unsigned long long seed_value = seed;
     CUDA_CHECK(cudaMemcpyAsync(seed_, &seed_value, 8, cudaMemcpyHostToDevice, stream_));
@@ -653,9 +656,6 @@ std::pair<double, double> Engine::time_decode(int n, const std::vector<int32_t>&
             throw std::invalid_argument("time_decode: position " + std::to_string(p) + " + iters leaves max_context");
         }
     }
-    if (!(temperature >= 0.f) || std::isinf(temperature)) {
-        throw std::invalid_argument("time_decode: temperature must be finite and >= 0");
-    }
     set_sampling(temperature, seed);
     const std::vector<int32_t> ids = probe_ids(n, dims_.vocab);
     set_decode_state(ids, positions, n);
@@ -687,7 +687,8 @@ std::pair<double, double> Engine::time_decode(int n, const std::vector<int32_t>&
     return {ms * 1e-3 / done, host / done};
 }
 
-StepProfile Engine::profile_step(int n, const std::vector<int32_t>& positions, int iters) {
+StepProfile Engine::profile_step(int n, const std::vector<int32_t>& positions, int iters, float temperature,
+                                 uint64_t seed) {
     CUDA_CHECK(cudaSetDevice(device_));
     if (n < 1 || n > streams_ || static_cast<int>(positions.size()) != n || iters < 1) {
         throw std::invalid_argument("profile_step: need 1.." + std::to_string(streams_) + " streams, one position each");
@@ -697,6 +698,7 @@ StepProfile Engine::profile_step(int n, const std::vector<int32_t>& positions, i
     std::iota(streams.begin(), streams.end(), 0);
     check_rows(streams, positions);
     std::map<std::string, double> seconds;
+    set_sampling(temperature, seed);
     set_decode_state(ids, positions, n);  // an eager step leaves the rows as they are
     const int span = attention_span(positions, 1);
     for (int i = 0; i <= iters; ++i) {

@@ -68,8 +68,10 @@ class Engine {
     // `temperature` with `seed`; returns {device seconds per step, host seconds per graph launch}.
     std::pair<double, double> time_decode(int n, const std::vector<int32_t>& positions, int iters, float temperature,
                                           uint64_t seed);
-    // Device time per operation of one eager decode step of `n` streams at the given positions.
-    StepProfile profile_step(int n, const std::vector<int32_t>& positions, int iters);
+    // Device time per operation of one eager decode step of `n` streams at the given positions, sampling at
+    // `temperature` with `seed`.
+    StepProfile profile_step(int n, const std::vector<int32_t>& positions, int iters, float temperature,
+                             uint64_t seed);
 
   private:
     struct Graph {
@@ -87,7 +89,8 @@ class Engine {
     void forward(const RowBuffers& rows, int n_rows, int n_logit_rows, int span, Timeline* timeline,
                  bool capture_routing);
     void sample(const RowBuffers& rows, int n_logit_rows);
-    // Temperature and seed of the device sampler (read by every sampling step, captured graphs included).
+    // Temperature (finite, >= 0; else std::invalid_argument) and seed of the device sampler, read by every
+    // sampling step, captured graphs included.
     void set_sampling(float temperature, uint64_t seed);
     void set_decode_state(const std::vector<int32_t>& ids, const std::vector<int32_t>& positions, int n);
     // The attention span for rows whose kv_len reaches at most longest = max(positions) + ahead: whole key chunks,

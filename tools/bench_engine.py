@@ -182,7 +182,7 @@ def bench_small_kernels(rows: int, cfg, bw: float) -> list[dict]:
     return results
 
 
-# AR steps sample their next tokens at this temperature (see the report's AR section).
+# AR steps and the step breakdown sample their next tokens at this temperature (see the report's AR section).
 SAMPLE_TEMPERATURE = 1.0
 
 
@@ -198,8 +198,8 @@ def bench_engine(cfg, streams_list=(1, 8, 16), contexts=(1024, 8192), iters: int
     for context in contexts:
         for n in streams_list:
             positions = [context - 1] * n
-            step_s, host_s = native.time_decode(n, positions, iters, temperature=SAMPLE_TEMPERATURE, seed=1)
-            profile = dict(native.profile_step(n, positions, 3))
+            step_s, host_s = native.time_decode(n, positions, iters, temperature=SAMPLE_TEMPERATURE)
+            profile = dict(native.profile_step(n, positions, 3, temperature=SAMPLE_TEMPERATURE))
             results.append({"streams": n, "context": context, "max_context": max_context, "step_ms": step_s * 1e3,
                             "tokens_per_s": n / step_s, "host_us_per_step": host_s * 1e6,
                             "breakdown_ms": {k: v * 1e3 for k, v in sorted(profile.items(), key=lambda kv: -kv[1])}})

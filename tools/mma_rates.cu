@@ -17,7 +17,6 @@ using namespace ddtree::kernels;
 constexpr int kChain = 8;  // MMAs per committed wgmma group, and per mma.sync loop step
 
 #define REGS16 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
-#define REGS32 REGS16 ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
 
 // One wgmma m64nNk16 into d (N / 2 accumulators per thread). SS: descriptors a and b; RS: registers r, descriptor b.
 template <int N, bool kRegisterA>
@@ -42,17 +41,14 @@ __device__ __forceinline__ void wgmma(float (&d)[32], uint64_t a, const uint32_t
                          : DDTREE_WGMMA_D16(d, 0) : RS_OPS);
         } else {
             static_assert(N == 64);
-            asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" REGS32
-                         "}, {%32,%33,%34,%35}, %36, 1, 1, 1, 0;\n"
-                         : DDTREE_WGMMA_D16(d, 0), DDTREE_WGMMA_D16(d, 16) : RS_OPS);
+            wgmma_m64n64k16_rs_mn(d, r, b);  // the attention's P.V form (B MN-major)
         }
     } else if constexpr (N == 32) {
         asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {" REGS16 "}, %16, %17, 1, 1, 1, 0, 0;\n"
                      : DDTREE_WGMMA_D16(d, 0) : "l"(a), "l"(b));
     } else {
         static_assert(N == 64);
-        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" REGS32 "}, %32, %33, 1, 1, 1, 0, 0;\n"
-                     : DDTREE_WGMMA_D16(d, 0), DDTREE_WGMMA_D16(d, 16) : "l"(a), "l"(b));
+        wgmma_m64n64k16_ss(d, a, b, 1);  // the attention's score form
     }
 #undef RS_OPS
 }

@@ -227,6 +227,8 @@ def test_time_decode_samples_and_rejects_a_bad_temperature(model_dirs: dict[str,
     for bad in (-1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="temperature must be finite and >= 0"):
             native.time_decode(2, [5, 9], 4, temperature=bad)
+        with pytest.raises(ValueError, match="temperature must be finite and >= 0"):
+            native.profile_step(2, [5, 9], 1, temperature=bad)
 
 
 def test_memory_preflight_refuses_with_numbers() -> None:
