@@ -144,6 +144,16 @@ __device__ __forceinline__ void bulk_tensor_load_2d(uint32_t dst, const void* ma
         : "memory");
 }
 
+// True in one lane of the calling warp (all 32 lanes must call it): the issuer of a warp's bulk copies, which then
+// need no loop over the active lanes to move their operands into uniform registers.
+__device__ __forceinline__ bool elect_one_lane() {
+    uint32_t elected = 0;
+    asm volatile(
+        "{\n .reg .pred p;\n elect.sync _|p, 0xffffffff;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(elected));
+    return elected != 0;
+}
+
 // Orders this thread's earlier shared-memory accesses before later bulk copies into the same bytes.
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");

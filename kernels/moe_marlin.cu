@@ -217,21 +217,24 @@ __device__ void run_unit(const GemmParams& p, const Unit& u, uint8_t* ring, Unit
     const int4 blk = u.blk;
     const int stripe0 = u.stripe0;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    // Known warp-uniform (broadcast), so that the warps other than 0 branch past the weight copies of a stage.
+    const int warp_uniform = __shfl_sync(0xffffffffu, warp, 0);
     const int nk = p.k / kStageK;
     const size_t stripe_bytes = static_cast<size_t>(nk) * kStageBytes;
     const uint8_t* wsrc = p.weights + (static_cast<size_t>(blk.x) * p.stripes + stripe0) * stripe_bytes;
 
+    // A thread's activation chunks keep their token rows and places over the unit: found once below, they are
+    // only advanced by kStageK columns per stage.
+    constexpr int kActPerThread = (kActChunks + kThreads - 1) / kThreads;
+    const bf16* act_src[kActPerThread];
+    uint32_t act_dst[kActPerThread];  // byte offset in a slot's activation stage
+    bool act_row[kActPerThread];      // a token's row, not a pad (zero-filled)
     auto load_act = [&](int ks, int slot) {
         uint8_t* adst = ring + slot * kSlotBytes + S * kStageBytes;
 #pragma unroll
-        for (int i = 0; i < (kActChunks + kThreads - 1) / kThreads; ++i) {
-            const int c = tid + i * kThreads;
-            if (kActChunks % kThreads == 0 || c < kActChunks) {
-                const int r = c / (kActRowBytes / 16), ch = c % (kActRowBytes / 16);
-                const bf16* row = us.rows[r];
-                // 16-byte chunks of a token row are XOR-swizzled by row so ldmatrix reads are conflict-free.
-                cp_async16_zfill(adst + r * kActRowBytes + ((ch ^ (r & 7)) * 16),
-                                 (row ? row : p.act_in) + ks * kStageK + ch * 8, row != nullptr);
+        for (int i = 0; i < kActPerThread; ++i) {
+            if (kActChunks % kThreads == 0 || tid + i * kThreads < kActChunks) {
+                cp_async16_zfill(adst + act_dst[i], act_src[i] + ks * kStageK, act_row[i]);
             }
         }
     };
@@ -261,6 +264,16 @@ __device__ void run_unit(const GemmParams& p, const Unit& u, uint8_t* ring, Unit
         if (!kGateUp) us.weight[tid] = pair < 0 ? 0.f : p.topk_weights[pair] * p.scaling;
     }
     __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kActPerThread; ++i) {
+        const int c = tid + i * kThreads;
+        const int r = c / (kActRowBytes / 16), ch = c % (kActRowBytes / 16);
+        const bf16* row = c < kActChunks ? us.rows[r] : nullptr;
+        act_row[i] = row != nullptr;
+        act_src[i] = (row ? row : p.act_in) + ch * 8;
+        // 16-byte chunks of a token row are XOR-swizzled by row so ldmatrix reads are conflict-free.
+        act_dst[i] = r * kActRowBytes + ((ch ^ (r & 7)) * 16);
+    }
     if (cta.wait_before_act) grid_dependency_wait();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
@@ -269,24 +282,23 @@ __device__ void run_unit(const GemmParams& p, const Unit& u, uint8_t* ring, Unit
     }
 
     const int g = lane / 4;
+    // Stage ks is in slot `cur`; the slot refilled during it (with stage ks + kStages - 1) is the one stage ks - 1
+    // used. Running counters, not ks modulo kStages: the stage loop is short and mostly dequantization.
+    int cur = 0, refill = kStages - 1;
+    const uint8_t* wnext = wsrc + static_cast<size_t>(kStages - 1) * kStageBytes;
     for (int ks = 0; ks < nk; ++ks) {
-        const int cur = ks % kStages;
         cp_async_wait<kStages - 2>();
         barrier_wait(&us.full[cur], (cta.phase_bits >> cur) & 1u);
         cta.phase_bits ^= 1u << cur;
         __syncthreads();  // every thread's activation chunks landed; the slot refilled below is free
-        {
-            const int next = ks + kStages - 1;
-            if (next < nk) {
-                uint8_t* dst = ring + (next % kStages) * kSlotBytes;
-                if (tid == 0) {
-                    bulk_load_weights(dst, wsrc + static_cast<size_t>(next) * kStageBytes, S, stripe_bytes,
-                                      &us.full[next % kStages]);
-                }
-                load_act(next, next % kStages);
+        if (ks + kStages - 1 < nk) {
+            if (warp_uniform == 0 && elect_one_lane()) {
+                bulk_load_weights(ring + refill * kSlotBytes, wnext, S, stripe_bytes, &us.full[refill]);
             }
-            cp_async_commit();
+            load_act(ks + kStages - 1, refill);
         }
+        cp_async_commit();
+        wnext += kStageBytes;
         const uint8_t* slot = ring + cur * kSlotBytes;
         const uint8_t* act = slot + S * kStageBytes;
         uint4 sc[S];
@@ -327,6 +339,8 @@ __device__ void run_unit(const GemmParams& p, const Unit& u, uint8_t* ring, Unit
                 }
             }
         }
+        refill = cur;
+        cur = cur + 1 == kStages ? 0 : cur + 1;
     }
     cp_async_wait<0>();
     __syncthreads();  // the ring is free: reuse it as the epilogue tile
