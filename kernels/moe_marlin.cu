@@ -194,7 +194,7 @@ __device__ __forceinline__ Unit locate(const GemmParams& p, const Routing& r, co
     return {blk, r.sorted_pairs + blk.y, u % m.narrow_units_per_block * m.narrow_stripes, m.narrow_stripes};
 }
 
-// The thread that claims units: outside warp 0, whose thread 0 issues the bulk copies, so waiting for the
+// The thread that claims units: outside warp 0, one of whose lanes issues the bulk copies, so waiting for the
 // claim's atomic never delays a stage's copies.
 constexpr int kSchedulerThread = 32;
 
@@ -217,7 +217,8 @@ __device__ void run_unit(const GemmParams& p, const Unit& u, uint8_t* ring, Unit
     const int4 blk = u.blk;
     const int stripe0 = u.stripe0;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    // Known warp-uniform (broadcast), so that the warps other than 0 branch past the weight copies of a stage.
+    // Known warp-uniform (broadcast), so that the warps other than 0 branch past the weight copies, which one
+    // elected lane of warp 0 issues.
     const int warp_uniform = __shfl_sync(0xffffffffu, warp, 0);
     const int nk = p.k / kStageK;
     const size_t stripe_bytes = static_cast<size_t>(nk) * kStageBytes;
@@ -250,7 +251,7 @@ __device__ void run_unit(const GemmParams& p, const Unit& u, uint8_t* ring, Unit
     }
 
     // The weight prologue depends only on the expert: it streams while the unit's token list is read.
-    if (tid == 0) {
+    if (warp_uniform == 0 && elect_one_lane()) {
 #pragma unroll
         for (int s = 0; s < kStages - 1; ++s) {
             if (s < nk) bulk_load_weights(ring + s * kSlotBytes, wsrc + static_cast<size_t>(s) * kStageBytes, S,
@@ -285,7 +286,7 @@ __device__ void run_unit(const GemmParams& p, const Unit& u, uint8_t* ring, Unit
     // Stage ks is in slot `cur`; the slot refilled during it (with stage ks + kStages - 1) is the one stage ks - 1
     // used. Running counters, not ks modulo kStages: the stage loop is short and mostly dequantization.
     int cur = 0, refill = kStages - 1;
-    const uint8_t* wnext = wsrc + static_cast<size_t>(kStages - 1) * kStageBytes;
+    size_t refill_offset = static_cast<size_t>(kStages - 1) * kStageBytes;  // of stage ks + kStages - 1 in a stripe
     for (int ks = 0; ks < nk; ++ks) {
         cp_async_wait<kStages - 2>();
         barrier_wait(&us.full[cur], (cta.phase_bits >> cur) & 1u);
@@ -293,12 +294,12 @@ __device__ void run_unit(const GemmParams& p, const Unit& u, uint8_t* ring, Unit
         __syncthreads();  // every thread's activation chunks landed; the slot refilled below is free
         if (ks + kStages - 1 < nk) {
             if (warp_uniform == 0 && elect_one_lane()) {
-                bulk_load_weights(ring + refill * kSlotBytes, wnext, S, stripe_bytes, &us.full[refill]);
+                bulk_load_weights(ring + refill * kSlotBytes, wsrc + refill_offset, S, stripe_bytes, &us.full[refill]);
             }
             load_act(ks + kStages - 1, refill);
         }
         cp_async_commit();
-        wnext += kStageBytes;
+        refill_offset += kStageBytes;
         const uint8_t* slot = ring + cur * kSlotBytes;
         const uint8_t* act = slot + S * kStageBytes;
         uint4 sc[S];
