@@ -1,8 +1,10 @@
 """The GPU engine end to end: greedy tokens against the numpy reference (teacher-forced), bitwise batch
-invariance of a whole step, CUDA-graph decode equal to eager steps, and request validation."""
+invariance of a whole step, CUDA-graph decode equal to eager steps, and request validation; on models whose
+routed experts take the plain INT4 path (tiny, small) and one whose experts load into the fused INT4 MoE."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from pathlib import Path
 
@@ -11,8 +13,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import ddtree  # noqa: E402
+from ddtree.checkpoint import write_checkpoint  # noqa: E402
+from ddtree.config import ModelConfig  # noqa: E402
 from ddtree.errors import RequestError  # noqa: E402
-from ddtree.presets import make_model, preset_config  # noqa: E402
+from ddtree.presets import make_model, preset_config, random_tensors  # noqa: E402
 from ddtree.reference import model as reference_model_module  # noqa: E402
 from ddtree.reference.layers import linear, sigmoid  # noqa: E402
 from ddtree.reference.model import ReferenceModel  # noqa: E402
@@ -28,6 +32,17 @@ NEW_TOKENS = 64
 ROUTER_TIE = 2e-2
 
 
+# `tiny` with hidden and moe_intermediate sizes that are multiples of 128: its routed experts load into the fused
+# INT4 MoE (repacked at upload), where tiny's and small's take the plain INT4 path.
+TINY_FUSED = "tiny-fused"
+
+
+def _config(model: str) -> ModelConfig:
+    if model == TINY_FUSED:
+        return dataclasses.replace(preset_config("tiny"), hidden_size=128, moe_intermediate_size=128)
+    return preset_config(model)
+
+
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     dirs = {}
@@ -35,6 +50,8 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         out = tmp_path_factory.mktemp(preset)
         make_model(preset, out, seed=0)
         dirs[preset] = out
+    dirs[TINY_FUSED] = tmp_path_factory.mktemp(TINY_FUSED)
+    write_checkpoint(dirs[TINY_FUSED], _config(TINY_FUSED), random_tensors(_config(TINY_FUSED), seed=0))
     return dirs
 
 
@@ -130,10 +147,10 @@ def _release_engines():
     gc.collect()
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small"])
+@pytest.mark.parametrize("preset", ["tiny", "small", TINY_FUSED])
 def test_greedy_matches_reference_teacher_forced(preset: str, model_dirs: dict[str, Path],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = preset_config(preset)
+    cfg = _config(preset)
     prompts = _prompts(cfg.vocab_size, [5, 1, 17, 70], seed=1)  # 70 > one 64-row prefill chunk
     engine = ddtree.Engine(model_dirs[preset], streams=4, max_context=160)
     results = engine.generate(prompts, NEW_TOKENS)
@@ -161,9 +178,9 @@ def test_graph_decode_equals_eager_steps(model_dirs: dict[str, Path]) -> None:
     assert [r.tokens for r in results] == tokens
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small"])
+@pytest.mark.parametrize("preset", ["tiny", "small", TINY_FUSED])
 def test_step_logits_batch_invariant(preset: str, model_dirs: dict[str, Path]) -> None:
-    cfg = preset_config(preset)
+    cfg = _config(preset)
     engine = ddtree.Engine(model_dirs[preset], streams=16, max_context=600)
     prompts = _prompts(cfg.vocab_size, [3 + 37 * i for i in range(16)], seed=3)  # 3 .. 558 tokens
     native = engine.native
@@ -179,10 +196,10 @@ def test_step_logits_batch_invariant(preset: str, model_dirs: dict[str, Path]) -
     assert np.array_equal(mixed[::-1], together)
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small"])
+@pytest.mark.parametrize("preset", ["tiny", "small", TINY_FUSED])
 def test_forward_is_deterministic(preset: str, model_dirs: dict[str, Path]) -> None:
     """The same rows give bitwise the same logits and expert choices: again on one engine, and on a new one."""
-    cfg = preset_config(preset)
+    cfg = _config(preset)
     seq = _prompts(cfg.vocab_size, [150], seed=6)[0]
 
     def run(engine) -> list[tuple[np.ndarray, np.ndarray]]:
