@@ -6,9 +6,9 @@
 // with weights as the MMA rows and tokens as independent MMA columns; the combine sums a token's slots
 // in slot order. Nothing depends on how many tokens share the call.
 //
-// Repacked weight layout (produced on the host by runtime/moe_repack.cpp): per expert, the weight rows
-// (output features) are cut into stripes of kStripeRows rows; one CTA unit streams one stripe over the
-// whole reduction dim. A stripe is contiguous and made of K / kStageK stage chunks of kStageBytes:
+// Repacked weight layout (produced by runtime/moe_repack.cpp on the host and by kernels/moe_repack.cu on the
+// device): per expert, the weight rows (output features) are cut into stripes of kStripeRows rows; one CTA unit
+// streams one stripe over the whole reduction dim. A stripe is contiguous and made of K / kStageK stage chunks of kStageBytes:
 //   weights: int32 word ((warp * 2 + half) * 32 + lane) * 4 + j, warp 0..7 owning tile rows
 //            16*warp .. 16*warp+15, k16 step = half * 4 + j of the stage. With g = lane / 4,
 //            t = lane % 4 and kb = stage k + 16 * step, nibble i holds q at tile row g + 8 * (i & 1),
@@ -52,6 +52,39 @@ inline bool shape_supported(int hidden, int inter) {
 inline bool layer_supported(int hidden, int inter, int experts, int topk) {
     return shape_supported(hidden, inter) && experts >= 1 && experts <= kMaxExperts && topk >= 1 && topk <= kMaxTopk;
 }
+// One projection of stacked experts in checkpoint format: packed int32 [experts, rows, cols / 8] (nibble i of word
+// j = q of input 8j + i, LSB first) and bf16 scale bits [experts, rows, cols / 32]; host or device memory.
+struct PackedProjection {
+    const int32_t* packed;
+    const uint16_t* scale;
+};
+
+// The repacked layout above as index arithmetic, shared by the host repack, its unpack oracle and the device
+// repack. A stage holds kStageWords weight words, then kStageScales scales.
+constexpr int kStageWords = kStageWeightBytes / 4;
+constexpr int kStageScales = kStageScaleBytes / 2;
+struct LayoutSlot {
+    int tile_row, col;  // tile row of the stripe; k (weights) or k group (scales) from the stage's first
+};
+__host__ __device__ inline LayoutSlot weight_slot(int word, int nibble) {
+    const int j = word % 4, lane = (word / 4) % 32, warp_half = word / 128;
+    const int warp = warp_half / 2, half = warp_half % 2;
+    const int g = lane / 4, t = lane % 4;
+    return {warp * 16 + g + 8 * (nibble & 1), (half * 4 + j) * 16 + 2 * t + 8 * ((nibble >> 1) & 1) + (nibble >> 2)};
+}
+__host__ __device__ inline LayoutSlot scale_slot(int index) {
+    const int grp = index % 4, hi = (index / 4) % 2, wg = index / 8;
+    const int warp = wg / 8, g = wg % 8;
+    return {warp * 16 + g + 8 * hi, grp};
+}
+// Checkpoint row of a stripe's tile row: w2 rows in order; w13 gate row f (< inter) or up row inter + f.
+__host__ __device__ inline int checkpoint_row(bool gate_up, int inter, int stripe, int tile_row) {
+    if (!gate_up) return stripe * kStripeRows + tile_row;
+    const int warp = tile_row / 16, r = tile_row % 16;
+    const int f = stripe * (kStripeRows / 2) + warp * 8 + (r & 7);
+    return r < 8 ? f : inter + f;
+}
+
 inline size_t w13_bytes_per_expert(int hidden, int inter) {
     return static_cast<size_t>(2 * inter / kStripeRows) * (hidden / kStageK) * kStageBytes;
 }

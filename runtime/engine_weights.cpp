@@ -7,7 +7,7 @@
 #include "fill_random.cuh"
 #include "gemm.cuh"
 #include "moe_marlin.cuh"
-#include "moe_repack.h"
+#include "moe_repack.cuh"
 
 namespace ddtree {
 
@@ -107,6 +107,7 @@ Weights::Weights(const ModelDims& d, int device, int max_tokens, cudaStream_t st
             add(layer_name(l, "mlp.gate.weight"), w.router, d.experts * h * 2);
             add(layer_name(l, "mlp.gate.e_score_correction_bias"), w.router_bias, d.experts * 4);
             w.expert_uploaded.assign(d.experts, false);
+            experts_missing_ += d.experts;
             if (marlin_supported(d)) {
                 const MoeLayerShape shape{d.experts, d.hidden, d.moe_inter, d.topk, max_tokens,
                                           d.routed_scaling_factor};
@@ -130,6 +131,7 @@ Weights::Weights(const ModelDims& d, int device, int max_tokens, cudaStream_t st
 
 Weights::~Weights() {
     for (void* p : allocations_) cudaFree(p);
+    cudaFree(expert_stage_);
     for (int l = 0; l < dims_.layers; ++l) {
         cudaFree(gate_stage_[l]);
         cudaFree(up_stage_[l]);
@@ -225,14 +227,27 @@ void Weights::upload_expert(int layer, int expert, const int32_t* gate_packed, c
     CUDA_CHECK(cudaSetDevice(device_));
     LayerWeights& w = layers[layer];
     if (w.marlin) {
-        // Sized at the first expert and reused: a fresh zero-filled 25 MB per expert (K2) cost load time.
-        w13_repacked_.resize(moe::repacked_w13_bytes(d.hidden, d.moe_inter));
-        w2_repacked_.resize(moe::repacked_w2_bytes(d.hidden, d.moe_inter));
-        moe::repack_w13({gate_packed, gate_scale}, {up_packed, up_scale}, 1, d.hidden, d.moe_inter,
-                        w13_repacked_.data());
-        moe::repack_w2({down_packed, down_scale}, 1, d.hidden, d.moe_inter, w2_repacked_.data());
-        w.marlin->set_experts(expert, 1, w13_repacked_.data(), w2_repacked_.data(), stream_);
-        CUDA_CHECK(cudaStreamSynchronize(stream_));  // the next expert's repack overwrites these host bytes
+        // The checkpoint bytes go up as they are, into a staging buffer kept until every expert is in, and are
+        // repacked there on the device: a host repack took tens of ms per K2 expert.
+        const auto [packed, scales] = expert_projection_bytes(d);
+        if (expert_stage_ == nullptr) CUDA_CHECK(cudaMalloc(&expert_stage_, 3 * (packed + scales)));
+        uint8_t* next = expert_stage_;
+        auto stage = [&](const int32_t* host_packed, const uint16_t* host_scale) {
+            CUDA_CHECK(cudaMemcpyAsync(next, host_packed, packed, cudaMemcpyHostToDevice, stream_));
+            CUDA_CHECK(cudaMemcpyAsync(next + packed, host_scale, scales, cudaMemcpyHostToDevice, stream_));
+            const k::moe::PackedProjection on_device{reinterpret_cast<const int32_t*>(next),
+                                                     reinterpret_cast<const uint16_t*>(next + packed)};
+            next += packed + scales;
+            return on_device;
+        };
+        const auto gate = stage(gate_packed, gate_scale), up = stage(up_packed, up_scale);
+        const auto down = stage(down_packed, down_scale);
+        CUDA_CHECK(k::moe::repack_w13_on_device(w.marlin->w13() + expert * w.marlin->w13_bytes_per_expert(), gate,
+                                                up, 1, d.hidden, d.moe_inter, stream_));
+        CUDA_CHECK(k::moe::repack_w2_on_device(w.marlin->w2() + expert * w.marlin->w2_bytes_per_expert(), down, 1,
+                                               d.hidden, d.moe_inter, stream_));
+        // The caller's host bytes are read until their copies land, and the next expert reuses the staging.
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
     } else {
         const auto [packed, scales] = expert_projection_bytes(d);
         auto copy = [&](const void* dst_base, const void* src, size_t bytes) {
@@ -247,7 +262,13 @@ void Weights::upload_expert(int layer, int expert, const int32_t* gate_packed, c
         copy(w.plain.down_scale, down_scale, scales);
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
-    w.expert_uploaded[expert] = true;
+    if (!w.expert_uploaded[expert]) {
+        w.expert_uploaded[expert] = true;
+        if (--experts_missing_ == 0) {  // the staging's last use
+            CUDA_CHECK(cudaFree(expert_stage_));
+            expert_stage_ = nullptr;
+        }
+    }
 }
 
 void Weights::randomize(uint64_t seed) {

@@ -2,8 +2,8 @@
 // - q_a_proj and kv_a_proj_with_mqa concatenated into one [q_lora + kv_lora + rope, hidden] projection;
 // - kv_b_proj kept as is (its value rows are the absorbed W_UV) plus W_UK transposed per head [kv_lora, nope];
 // - gate_proj / up_proj interleaved in blocks of 8 rows for the GEMM's fused SiLU epilogue;
-// - routed experts repacked for the Marlin-style MoE kernel, or kept in checkpoint layout for the plain INT4
-//   kernel when the shape is one the fused kernel does not take.
+// - routed experts repacked on the device for the Marlin-style MoE kernel, or kept in checkpoint layout for the
+//   plain INT4 kernel when the shape is one the fused kernel does not take.
 // Uploads are by HF tensor name from host memory (Python's memory-mapped checkpoint views); each is checked
 // against the expected byte size so a wrong tensor never overruns a buffer.
 #pragma once
@@ -104,7 +104,8 @@ class Weights {
     std::vector<void*> allocations_;
     std::map<std::string, Slot> slots_;
     std::vector<kernels::bf16*> gate_stage_, up_stage_;  // gate/up rows until both halves arrived
-    std::vector<uint8_t> w13_repacked_, w2_repacked_;      // one expert's repacked bytes on their way up
+    uint8_t* expert_stage_ = nullptr;  // one expert's checkpoint bytes on the device, for the fused MoE's repack
+    long experts_missing_ = 0;         // routed experts not yet uploaded (the staging is freed at zero)
 };
 
 }  // namespace ddtree

@@ -15,45 +15,17 @@ namespace {
 
 namespace k = ddtree::kernels::moe;
 
-constexpr int kWarps = k::kStripeRows / 16;
-
 // Geometry of one repacked matrix: `stripes` stripes of kStripeRows tile rows over `cols` reduction inputs.
-// tile_row_to_row maps (stripe, tile row 0..127) to the checkpoint row (w13: gate rows, then up rows).
 struct Geometry {
     int stripes;
     int cols;
     bool gate_up;
     int inter;
 
-    int row(int stripe, int tile_row) const {
-        if (!gate_up) return stripe * k::kStripeRows + tile_row;
-        const int warp = tile_row / 16, r = tile_row % 16;
-        const int f = stripe * (k::kStripeRows / 2) + warp * 8 + (r & 7);
-        return r < 8 ? f : inter + f;
-    }
+    int row(int stripe, int tile_row) const { return k::checkpoint_row(gate_up, inter, stripe, tile_row); }
     size_t stripe_bytes() const { return static_cast<size_t>(cols / k::kStageK) * k::kStageBytes; }
     size_t expert_bytes() const { return stripe_bytes() * stripes; }
 };
-
-// Position of nibble i of weight word `word` inside a stage: tile row and column offset from the stage start.
-struct Slot {
-    int tile_row, col;
-};
-Slot weight_slot(int word, int nibble) {
-    const int j = word % 4, lane = (word / 4) % 32, warp_half = word / 128;
-    const int warp = warp_half / 2, half = warp_half % 2;
-    const int g = lane / 4, t = lane % 4;
-    return {warp * 16 + g + 8 * (nibble & 1), (half * 4 + j) * 16 + 2 * t + 8 * ((nibble >> 1) & 1) + (nibble >> 2)};
-}
-// Scale entry `index` of a stage: tile row and group offset from the stage's first group.
-Slot scale_slot(int index) {
-    const int grp = index % 4, hi = (index / 4) % 2, wg = index / 8;
-    const int warp = wg / 8, g = wg % 8;
-    return {warp * 16 + g + 8 * hi, grp};
-}
-
-constexpr int kWordsPerStage = k::kStageWeightBytes / 4;
-constexpr int kScalesPerStage = k::kStageScaleBytes / 2;
 
 // Runs fn(expert, stripe) over all pairs on every host core.
 void parallel_stripes(int experts, int stripes, const std::function<void(int, int)>& fn) {
@@ -86,18 +58,18 @@ void repack(const Geometry& geo, int experts, const RowSource& source, uint8_t* 
         for (int r = 0; r < k::kStripeRows; ++r) rows[r] = source(e, geo.row(s, r));
         for (int ks = 0; ks < geo.cols / k::kStageK; ++ks) {
             uint8_t* stage = stripe_out + static_cast<size_t>(ks) * k::kStageBytes;
-            for (int word = 0; word < kWordsPerStage; ++word) {
+            for (int word = 0; word < k::kStageWords; ++word) {
                 uint32_t v = 0;
                 for (int nib = 0; nib < 8; ++nib) {
-                    const Slot slot = weight_slot(word, nib);
+                    const k::LayoutSlot slot = k::weight_slot(word, nib);
                     const int col = ks * k::kStageK + slot.col;
                     const uint32_t src = static_cast<uint32_t>(rows[slot.tile_row].packed[col / 8]);
                     v |= ((src >> (4 * (col % 8))) & 0xFu) << (4 * nib);
                 }
                 std::memcpy(stage + word * 4, &v, 4);
             }
-            for (int i = 0; i < kScalesPerStage; ++i) {
-                const Slot slot = scale_slot(i);
+            for (int i = 0; i < k::kStageScales; ++i) {
+                const k::LayoutSlot slot = k::scale_slot(i);
                 const uint16_t sc = rows[slot.tile_row].scale[ks * (k::kStageK / k::kGroup) + slot.col];
                 std::memcpy(stage + k::kStageWeightBytes + i * 2, &sc, 2);
             }
@@ -114,19 +86,19 @@ void unpack(const Geometry& geo, int experts, const uint8_t* repacked, uint8_t* 
         const uint8_t* stripe_in = repacked + e * geo.expert_bytes() + s * geo.stripe_bytes();
         for (int ks = 0; ks < cols / k::kStageK; ++ks) {
             const uint8_t* stage = stripe_in + static_cast<size_t>(ks) * k::kStageBytes;
-            for (int word = 0; word < kWordsPerStage; ++word) {
+            for (int word = 0; word < k::kStageWords; ++word) {
                 uint32_t v;
                 std::memcpy(&v, stage + word * 4, 4);
                 for (int nib = 0; nib < 8; ++nib) {
-                    const Slot slot = weight_slot(word, nib);
+                    const k::LayoutSlot slot = k::weight_slot(word, nib);
                     const size_t at = (static_cast<size_t>(e) * rows + geo.row(s, slot.tile_row)) * cols +
                                       ks * k::kStageK + slot.col;
                     if (q[at] != 0xFF) throw std::runtime_error("repacked weight element hit twice at " + std::to_string(at));
                     q[at] = static_cast<uint8_t>((v >> (4 * nib)) & 0xFu);
                 }
             }
-            for (int i = 0; i < kScalesPerStage; ++i) {
-                const Slot slot = scale_slot(i);
+            for (int i = 0; i < k::kStageScales; ++i) {
+                const k::LayoutSlot slot = k::scale_slot(i);
                 const size_t at = (static_cast<size_t>(e) * rows + geo.row(s, slot.tile_row)) * groups +
                                   ks * (k::kStageK / k::kGroup) + slot.col;
                 if (scale_hit[at]++) throw std::runtime_error("repacked scale hit twice at " + std::to_string(at));

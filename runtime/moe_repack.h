@@ -8,12 +8,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "moe_marlin.cuh"
+
 namespace ddtree::moe {
 
-struct PackedProjection {
-    const int32_t* packed;  // [experts, rows, cols / 8]
-    const uint16_t* scale;  // [experts, rows, cols / 32], bf16 bit patterns
-};
+using PackedProjection = kernels::moe::PackedProjection;  // host memory here
 
 // Throws std::invalid_argument unless hidden and inter are positive multiples of 128.
 void check_moe_shape(int hidden, int inter);

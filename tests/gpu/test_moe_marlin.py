@@ -1,5 +1,6 @@
 """Fused INT4 MoE (ddtree._native.moe.MoeLayer) against an fp32 torch reference built from the dequantized
-weights; bit-exact device dequantization; bitwise batch invariance; expert masks; skewed routing; CUDA graphs."""
+weights; bit-exact device dequantization; the device repack equal to the host's; bitwise batch invariance; expert
+masks; skewed routing; CUDA graphs."""
 
 from __future__ import annotations
 
@@ -237,6 +238,27 @@ def test_cuda_graph_capture_and_replay(small: Experts) -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, run(small, new_x, new_ids, new_wts))
+
+
+@pytest.mark.parametrize("experts,hidden,inter", [(3, 256, 384), (2, 384, 128)])
+def test_device_repack_equals_host_repack(experts: int, hidden: int, inter: int) -> None:
+    rng = np.random.default_rng(11)
+    gate, up = _projection(rng, experts, inter, hidden), _projection(rng, experts, inter, hidden)
+    down = _projection(rng, experts, hidden, inter)
+
+    def on_device(packed: np.ndarray, scale: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.from_numpy(packed).cuda(), torch.from_numpy(scale.view(np.int16)).cuda().view(torch.bfloat16)
+
+    want13, want2 = moe.repack_w13(*gate, *up), moe.repack_w2(*down)
+    got13 = torch.full(want13.shape, 0xA5, dtype=torch.uint8, device="cuda")  # poison
+    got2 = torch.full(want2.shape, 0xA5, dtype=torch.uint8, device="cuda")
+    moe.repack_w13_on_device(got13, *on_device(*gate), *on_device(*up))
+    moe.repack_w2_on_device(got2, *on_device(*down))
+    assert np.array_equal(got13.cpu().numpy(), want13)
+    assert np.array_equal(got2.cpu().numpy(), want2)
+    with pytest.raises(ValueError, match="up_scale"):
+        moe.repack_w13_on_device(got13, *on_device(*gate), on_device(*up)[0],
+                                 on_device(*up)[1][:, :-1].contiguous())
 
 
 def test_k2_shape() -> None:
