@@ -8,7 +8,8 @@
 //
 // Repacked weight layout (produced by runtime/moe_repack.cpp on the host and by kernels/moe_repack.cu on the
 // device): per expert, the weight rows (output features) are cut into stripes of kStripeRows rows; one CTA unit
-// streams one stripe over the whole reduction dim. A stripe is contiguous and made of K / kStageK stage chunks of kStageBytes:
+// streams one stripe over the whole reduction dim. A stripe is contiguous and made of K / kStageK stage chunks
+// of kStageBytes:
 //   weights: int32 word ((warp * 2 + half) * 32 + lane) * 4 + j, warp 0..7 owning tile rows
 //            16*warp .. 16*warp+15, k16 step = half * 4 + j of the stage. With g = lane / 4,
 //            t = lane % 4 and kb = stage k + 16 * step, nibble i holds q at tile row g + 8 * (i & 1),

@@ -1,5 +1,6 @@
 // ddtree._native.moe: repack of compressed-tensors INT4 experts on the host (numpy in, numpy out) and on the
-// device, the host unpack oracle, and MoeLayer, the device object that owns one layer's repacked experts and runs the fused MoE.
+// device, the host unpack oracle, and MoeLayer, the device object that owns one layer's repacked experts and runs
+// the fused MoE.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
