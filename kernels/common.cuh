@@ -10,7 +10,7 @@ namespace ddtree::kernels {
 
 using bf16 = __nv_bfloat16;
 
-#if defined(__CUDACC__)  // g++-built runtime code includes this header for bf16 and launch_dependent only
+#if defined(__CUDACC__)  // g++-built runtime code includes this header for bf16 (and the launch templates below)
 // splitmix64's finaliser: a well-mixed 64-bit hash (seeded sampling, random benchmark fills).
 __device__ __forceinline__ uint64_t mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;

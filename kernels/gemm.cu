@@ -22,7 +22,7 @@ constexpr int kShortRingChunks = 4;  // decode GEMMs with unsplit K of up to thi
 
 // RT weight tiles of 16 rows and NT token tiles of 8 per CTA, S stages in the ring. Up to 16 tokens the
 // shared memory stays near 110 KB or below so that two or more CTAs share an SM; above that one CTA per SM
-// holds the deeper ring of wider token stages (see launch).
+// holds wider token stages: three of 32 tokens up to 32 tokens, two of 64 above (see launch).
 template <int RT, int NT, int S>
 struct Config {
     static constexpr int kRows = kTileRows * RT;

@@ -40,7 +40,8 @@ constexpr int kThreads = 3 * 128;
 constexpr int kSwizzleRow = 128;  // bytes per row of a 128-byte-swizzled block of 64 bf16 columns
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Named barriers (0 is __syncthreads; 1 and 2 are the P.V warpgroups' own, 128 threads each).
+// Named barriers (0 is __syncthreads).
+constexpr int kPvOwnBarrier = 1;     // + the P.V warpgroup's index (0, 1): that warpgroup's own 128 threads
 constexpr int kPReadyBarrier = 3;    // warpgroup 0 arrives once P and alpha of a tile are in shared memory
 constexpr int kPFreeBarrier = 4;     // the P.V warpgroups arrive once they hold P and alpha in registers
 constexpr int kStageFreeBarrier = 5; // the P.V warpgroups are done with a tile's stage
@@ -65,7 +66,7 @@ struct Tile {
     static constexpr size_t bytes = 1024 + q_bytes + kStages * stage_bytes + p_bytes + kHeads * 4;
     static_assert(D % 16 == 0 && DL % 8 == 0 && (DL % 128 == 0 || DL <= 64), "unsupported MLA dims");
     static_assert(slices_fit(DL, kSlices), "a column slice is whole P.V warpgroup blocks");
-    static_assert(bytes <= 227 * 1024, "query, two cache stages and P exceed the shared memory of an SM");
+    static_assert(bytes <= 227 * 1024, "query, cache stages and P exceed the shared memory of an SM");
 };
 
 // Byte offset of 16-byte column chunk `c` of row `r` in a tile of `rows` rows stored as 64-column blocks of
@@ -91,7 +92,7 @@ template <int DL, int DR, int kSlices>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_chunk_kernel(const __grid_constant__ CUtensorMap cache_map, const bf16* __restrict__ q,
                      const int32_t* kv_start, const int32_t* kv_len, int heads, float scale_log2, float* part_o,
-                     float* part_ml, int max_chunks) {
+                     float* part_ml) {
     using T = Tile<DL, DR, kSlices>;
     constexpr int D = T::D, kRowChunks = D / 8;
     dependent_kernel_start();  // the merge kernel waits for this grid before it reads the partials
@@ -131,8 +132,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                          q + (static_cast<int64_t>(row) * heads + (valid ? h0 + r : 0)) * D + c * 8, valid);
     }
     cp_async_commit();
-    __syncthreads();  // barriers initialised before the first copy counts on them
-    // One thread issues each tile: kBlocks bulk-tensor copies of 64 columns into the swizzled stage (rows past
+    // One thread (the one that initialised the barriers) issues each tile: kBlocks bulk-tensor copies of 64 columns into the swizzled stage (rows past
     // the cache arrive as zeros). Evict-first: the cache is streamed once per launch (a sliced launch's CTAs of a
     // chunk copy each tile at about the same time, so all but the first read it from L2), and the chunk partials
     // should stay in L2 for the merge.
@@ -149,15 +149,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         issue(0);
         if (ntiles > 1) issue(1);
     }
-    // The query (cp.async, generic proxy) must be visible to the score wgmmas (async proxy) of every warp.
+    // The query (cp.async by every thread, generic proxy) must be visible to warpgroup 0's score wgmmas (async
+    // proxy); the barriers are initialised before any thread waits on them.
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
 
     // Warpgroup 0 scores tile i and runs its softmax while the P.V warpgroups multiply P of tile i - 1. A stage is
     // refilled (tile i + 2) as soon as P.V of tile i is done with it, so one tile is always landing.
+    const int r_lo = 16 * warp + g;  // this thread's first head row of the wgmma fragments (the other: + 8)
+    // This chunk's partial; computed where it is stored, after the tile loop (registers are short in it).
+    auto partial_index = [&] { return static_cast<int64_t>(row) * gridDim.x + chunk; };
     if (wg == 0) {
-        const int r_lo = 16 * warp + g, r_hi = r_lo + 8;
+        const int r_hi = r_lo + 8;
         float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
         float s[32];
 #pragma unroll
@@ -233,17 +237,18 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
             named_barrier_arrive(kPReadyBarrier, kThreads);
         }
-        const int64_t part = static_cast<int64_t>(row) * max_chunks + chunk;
-        if (slice == 0 && t == 0 && h0 + r_lo < heads) {
-            *reinterpret_cast<float2*>(part_ml + (part * heads + h0 + r_lo) * 2) = make_float2(m_lo, l_lo);
-        }
-        if (slice == 0 && t == 0 && h0 + r_hi < heads) {
-            *reinterpret_cast<float2*>(part_ml + (part * heads + h0 + r_hi) * 2) = make_float2(m_hi, l_hi);
+        if (slice == 0 && t == 0) {
+            const int64_t part = partial_index();
+            if (h0 + r_lo < heads) {
+                *reinterpret_cast<float2*>(part_ml + (part * heads + h0 + r_lo) * 2) = make_float2(m_lo, l_lo);
+            }
+            if (h0 + r_hi < heads) {
+                *reinterpret_cast<float2*>(part_ml + (part * heads + h0 + r_hi) * 2) = make_float2(m_hi, l_hi);
+            }
         }
     } else {
         const int pv = wg - 1;  // column half of the slice
         const bool active = pv < T::kPvGroups;
-        const int r_lo = 16 * warp + g;
         const int block0 = slice_block0 + pv * T::kPvBlocks;  // this warpgroup's first 64-column block
         const uint64_t pv_desc =
             sw128_desc(kv_addr + block0 * kTileKeys * kSwizzleRow, kTileKeys * kSwizzleRow, 8 * kSwizzleRow);
@@ -287,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         }
                     }
                     fence_proxy_async();
-                    named_barrier_sync(wg, 128);  // this warpgroup's zeroed rows are in place
+                    named_barrier_sync(kPvOwnBarrier + pv, 128);  // this warpgroup's zeroed rows are in place
                 }
                 const bool rescale = !__all_sync(0xffffffffu, alpha_lo == 1.f && alpha_hi == 1.f);
 #pragma unroll
@@ -331,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         }
         if (active) {
-            const int64_t part = static_cast<int64_t>(row) * max_chunks + chunk;
+            const int64_t part = partial_index();
 #pragma unroll
             for (int b = 0; b < T::kPvBlocks; ++b) {
 #pragma unroll
@@ -420,7 +425,7 @@ cudaError_t launch_chunks(const CUtensorMap& cache_map, const bf16* q, const int
     DDTREE_RETURN_IF_ERROR(opt_in_smem(mla_chunk_kernel<DL, DR, kSlices>, static_cast<int>(T::bytes), configured));
     grid.z *= kSlices;
     return launch_dependent(mla_chunk_kernel<DL, DR, kSlices>, grid, dim3(kThreads), T::bytes, stream, cache_map,
-                            q, kv_start, kv_len, heads, scale_log2, part_o, part_ml, static_cast<int>(grid.x));
+                            q, kv_start, kv_len, heads, scale_log2, part_o, part_ml);
 }
 
 template <int DL, int DR>

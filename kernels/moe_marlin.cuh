@@ -86,6 +86,20 @@ __host__ __device__ inline int checkpoint_row(bool gate_up, int inter, int strip
     return r < 8 ? f : inter + f;
 }
 
+// Weight word `word` of stage `ks` of a stripe, its nibbles gathered from the checkpoint: row_words(tile_row) is
+// that tile row's packed int32 row.
+template <typename RowWords>
+__host__ __device__ inline uint32_t repacked_word(int word, int ks, RowWords row_words) {
+    uint32_t v = 0;
+    for (int nib = 0; nib < 8; ++nib) {
+        const LayoutSlot slot = weight_slot(word, nib);
+        const int col = ks * kStageK + slot.col;
+        const uint32_t src = static_cast<uint32_t>(row_words(slot.tile_row)[col / 8]);
+        v |= ((src >> (4 * (col % 8))) & 0xFu) << (4 * nib);
+    }
+    return v;
+}
+
 inline size_t w13_bytes_per_expert(int hidden, int inter) {
     return static_cast<size_t>(2 * inter / kStripeRows) * (hidden / kStageK) * kStageBytes;
 }

@@ -13,31 +13,22 @@ __global__ void __launch_bounds__(kThreads) repack_kernel(uint8_t* out, PackedPr
     const int nk = cols / kStageK, expert = blockIdx.y;
     const int stripe = blockIdx.x / nk, ks = blockIdx.x % nk;
     uint8_t* stage = out + ((static_cast<size_t>(expert) * stripes + stripe) * nk + ks) * kStageBytes;
-    // The checkpoint row behind a tile row of this stripe, as its offset in rows and the projection holding it.
-    auto source_row = [&](int tile_row, bool& in_first) {
+    // The checkpoint row behind a tile row of this stripe: its packed words and scales.
+    auto source = [&](int tile_row) {
         const int row = checkpoint_row(kGateUp, inter, stripe, tile_row);
-        in_first = !kGateUp || row < inter;
-        return static_cast<size_t>(expert) * rows_per_expert + (in_first ? row : row - inter);
+        const bool in_first = !kGateUp || row < inter;
+        const size_t r = static_cast<size_t>(expert) * rows_per_expert + (in_first ? row : row - inter);
+        const PackedProjection& p = in_first ? first : second;
+        return PackedProjection{p.packed + r * (cols / 8), p.scale + r * (cols / kGroup)};
     };
     for (int word = threadIdx.x; word < kStageWords; word += kThreads) {
-        uint32_t v = 0;
-#pragma unroll
-        for (int nib = 0; nib < 8; ++nib) {
-            const LayoutSlot slot = weight_slot(word, nib);
-            bool in_first;
-            const size_t row = source_row(slot.tile_row, in_first);
-            const int col = ks * kStageK + slot.col;
-            const uint32_t src = static_cast<uint32_t>((in_first ? first : second).packed[row * (cols / 8) + col / 8]);
-            v |= ((src >> (4 * (col % 8))) & 0xFu) << (4 * nib);
-        }
-        reinterpret_cast<uint32_t*>(stage)[word] = v;
+        reinterpret_cast<uint32_t*>(stage)[word] =
+            repacked_word(word, ks, [&](int tile_row) { return source(tile_row).packed; });
     }
     for (int i = threadIdx.x; i < kStageScales; i += kThreads) {
         const LayoutSlot slot = scale_slot(i);
-        bool in_first;
-        const size_t row = source_row(slot.tile_row, in_first);
         reinterpret_cast<uint16_t*>(stage + kStageWeightBytes)[i] =
-            (in_first ? first : second).scale[row * (cols / kGroup) + ks * (kStageK / kGroup) + slot.col];
+            source(slot.tile_row).scale[ks * (kStageK / kGroup) + slot.col];
     }
 }
 

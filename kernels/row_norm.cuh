@@ -9,16 +9,9 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "rmsnorm.cuh"
 
 namespace ddtree::kernels {
-
-constexpr int kNormThreads = 256;
-constexpr int kNormVec = 8;
-constexpr int kNormMaxGroups = 8;
-constexpr int kNormMaxDim = kNormThreads * kNormVec * kNormMaxGroups;  // 16384
-
-// Whether the norm kernels take rows of `dim` elements.
-inline bool norm_dim_supported(int dim) { return dim > 0 && dim <= kNormMaxDim; }
 
 #if defined(__CUDACC__)
 // Rows of `dim` elements at base + r * ld can be read and written 16 bytes at a time.

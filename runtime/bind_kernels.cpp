@@ -10,7 +10,6 @@
 #include "bindings.h"
 #include "cuda_check.h"
 #include "rmsnorm.cuh"
-#include "row_norm.cuh"
 #include "tensor_args.h"
 
 namespace nb = nanobind;
@@ -25,7 +24,7 @@ std::pair<int64_t, int64_t> norm_rows(const CudaArray& a, const char* name) {
         throw nb::value_error((std::string("argument '") + name + "' must be 2-D [rows, dim]").c_str());
     }
     const int64_t dim = a.shape(1);
-    if (dim > k::kNormMaxDim || !k::norm_dim_supported(static_cast<int>(dim))) {
+    if (!k::norm_dim_supported(dim)) {
         throw nb::value_error((std::string("argument '") + name + "' has rows of " + std::to_string(dim) +
                                " elements; the norm kernels take 1.." + std::to_string(k::kNormMaxDim))
                                   .c_str());

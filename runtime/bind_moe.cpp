@@ -96,36 +96,39 @@ std::pair<NumpyArray<uint8_t>, NumpyArray<uint16_t>> unpack(HostArray repacked, 
     return {q, scale};
 }
 
-// Device repack of checkpoint arrays on the GPU into `out` (the engine's checkpoint load does the same per expert):
-// w13 from gate (first) and up (second), or w2 from down (first; second is down again).
-void repack_on_device(CudaArray out, CudaArray first_packed, CudaArray first_scale, CudaArray second_packed,
-                      CudaArray second_scale, bool w13) {
-    if (first_packed.ndim() != 3) {
-        throw nb::value_error(w13 ? "argument 'gate_packed' must be 3-D [experts, inter, hidden/8]"
-                                  : "argument 'down_packed' must be 3-D [experts, hidden, inter/8]");
-    }
-    same_device({&out, &first_packed, &first_scale, &second_packed, &second_scale});
-    const int64_t experts = first_packed.shape(0), rows = first_packed.shape(1), cols = first_packed.shape(2) * 8;
-    const int hidden = static_cast<int>(w13 ? cols : rows), inter = static_cast<int>(w13 ? rows : cols);
-    moe::check_moe_shape(hidden, inter);
-    auto projection_on_device = [&](const CudaArray& packed, const CudaArray& scale, const char* packed_name,
-                                    const char* scale_name) {
-        return kernels::moe::PackedProjection{
-            checked<const int32_t>(packed, packed_name, DType::i32, {experts, rows, cols / 8}),
+// A projection [E, rows, cols] in checkpoint format on the GPU (scales as bfloat16), checked.
+moe::PackedProjection device_projection(const CudaArray& packed, const CudaArray& scale, const char* packed_name,
+                                        const char* scale_name, int64_t experts, int64_t rows, int64_t cols) {
+    return {checked<const int32_t>(packed, packed_name, DType::i32, {experts, rows, cols / 8}),
             checked<const uint16_t>(scale, scale_name, DType::bf16, {experts, rows, cols / 32})};
-    };
-    const size_t per_expert = w13 ? moe::repacked_w13_bytes(hidden, inter) : moe::repacked_w2_bytes(hidden, inter);
-    auto* dst = checked<uint8_t>(out, "out", DType::u8, {experts, static_cast<int64_t>(per_expert)});
-    if (w13) {
-        CUDA_CHECK(kernels::moe::repack_w13_on_device(
-            dst, projection_on_device(first_packed, first_scale, "gate_packed", "gate_scale"),
-            projection_on_device(second_packed, second_scale, "up_packed", "up_scale"), static_cast<int>(experts),
-            hidden, inter, nullptr));
-    } else {
-        CUDA_CHECK(kernels::moe::repack_w2_on_device(
-            dst, projection_on_device(first_packed, first_scale, "down_packed", "down_scale"),
-            static_cast<int>(experts), hidden, inter, nullptr));
-    }
+}
+
+// The device repacks (the engine's checkpoint load does the same per expert) into `out` on the same GPU; block.
+void repack_w13_on_device(CudaArray out, CudaArray gate_packed, CudaArray gate_scale, CudaArray up_packed,
+                          CudaArray up_scale) {
+    same_device({&out, &gate_packed, &gate_scale, &up_packed, &up_scale});
+    if (gate_packed.ndim() != 3) throw nb::value_error("argument 'gate_packed' must be 3-D [experts, inter, hidden/8]");
+    const int64_t experts = gate_packed.shape(0), inter = gate_packed.shape(1), hidden = gate_packed.shape(2) * 8;
+    moe::check_moe_shape(static_cast<int>(hidden), static_cast<int>(inter));
+    const auto gate = device_projection(gate_packed, gate_scale, "gate_packed", "gate_scale", experts, inter, hidden);
+    const auto up = device_projection(up_packed, up_scale, "up_packed", "up_scale", experts, inter, hidden);
+    auto* dst = checked<uint8_t>(out, "out", DType::u8,
+                                 {experts, static_cast<int64_t>(moe::repacked_w13_bytes(hidden, inter))});
+    CUDA_CHECK(kernels::moe::repack_w13_on_device(dst, gate, up, static_cast<int>(experts), static_cast<int>(hidden),
+                                                  static_cast<int>(inter), nullptr));
+    CUDA_CHECK(cudaStreamSynchronize(nullptr));
+}
+
+void repack_w2_on_device(CudaArray out, CudaArray down_packed, CudaArray down_scale) {
+    same_device({&out, &down_packed, &down_scale});
+    if (down_packed.ndim() != 3) throw nb::value_error("argument 'down_packed' must be 3-D [experts, hidden, inter/8]");
+    const int64_t experts = down_packed.shape(0), hidden = down_packed.shape(1), inter = down_packed.shape(2) * 8;
+    moe::check_moe_shape(static_cast<int>(hidden), static_cast<int>(inter));
+    const auto down = device_projection(down_packed, down_scale, "down_packed", "down_scale", experts, hidden, inter);
+    auto* dst = checked<uint8_t>(out, "out", DType::u8,
+                                 {experts, static_cast<int64_t>(moe::repacked_w2_bytes(hidden, inter))});
+    CUDA_CHECK(kernels::moe::repack_w2_on_device(dst, down, static_cast<int>(experts), static_cast<int>(hidden),
+                                                 static_cast<int>(inter), nullptr));
     CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 
@@ -204,20 +207,14 @@ void bind_moe(nb::module_& m) {
               "-> repacked w13 uint8 [E, bytes].");
     moe_m.def("repack_w2", &repack_w2, nb::arg("down_packed"), nb::arg("down_scale"),
               "Checkpoint down_proj (int32 [E, H, I/8], bf16 bits [E, H, I/32]) -> repacked w2 uint8 [E, bytes].");
-    moe_m.def(
-        "repack_w13_on_device",
-        [](CudaArray out, CudaArray gate_packed, CudaArray gate_scale, CudaArray up_packed, CudaArray up_scale) {
-            repack_on_device(out, gate_packed, gate_scale, up_packed, up_scale, true);
-        },
-        nb::arg("out"), nb::arg("gate_packed"), nb::arg("gate_scale"), nb::arg("up_packed"), nb::arg("up_scale"),
-        "repack_w13 on the GPU: device arrays (scales as bfloat16) -> out uint8 [E, bytes] on the same GPU; blocks.");
-    moe_m.def(
-        "repack_w2_on_device",
-        [](CudaArray out, CudaArray down_packed, CudaArray down_scale) {
-            repack_on_device(out, down_packed, down_scale, down_packed, down_scale, false);
-        },
-        nb::arg("out"), nb::arg("down_packed"), nb::arg("down_scale"),
-        "repack_w2 on the GPU: device arrays (scales as bfloat16) -> out uint8 [E, bytes] on the same GPU; blocks.");
+    moe_m.def("repack_w13_on_device", &repack_w13_on_device, nb::arg("out"), nb::arg("gate_packed"),
+              nb::arg("gate_scale"), nb::arg("up_packed"), nb::arg("up_scale"),
+              "repack_w13 on the GPU: device arrays (scales as bfloat16) -> out uint8 [E, bytes] on the same GPU; "
+              "blocks.");
+    moe_m.def("repack_w2_on_device", &repack_w2_on_device, nb::arg("out"), nb::arg("down_packed"),
+              nb::arg("down_scale"),
+              "repack_w2 on the GPU: device arrays (scales as bfloat16) -> out uint8 [E, bytes] on the same GPU; "
+              "blocks.");
     moe_m.def(
         "unpack_w13", [](HostArray r, int hidden, int inter) { return unpack(r, hidden, inter, true); },
         nb::arg("repacked"), nb::arg("hidden"), nb::arg("inter"),

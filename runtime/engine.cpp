@@ -17,7 +17,6 @@
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "router.cuh"
-#include "row_norm.cuh"
 #include "sample.cuh"
 
 namespace ddtree {
@@ -80,20 +79,17 @@ class ForkedStream {
     }
     ForkedStream(const ForkedStream&) = delete;
     ForkedStream& operator=(const ForkedStream&) = delete;
-    ~ForkedStream() {
-        if (forked_) {
-            cudaEventRecord(event_, side_);
-            cudaStreamWaitEvent(main_, event_);
-        }
-    }
-    void join() {
-        if (!forked_) return;
-        forked_ = false;
-        CUDA_CHECK(cudaEventRecord(event_, side_));
-        CUDA_CHECK(cudaStreamWaitEvent(main_, event_));
-    }
+    ~ForkedStream() { rejoin(); }  // unchecked: an exception may already be leaving
+    void join() { CUDA_CHECK(rejoin()); }
 
   private:
+    cudaError_t rejoin() {
+        if (!forked_) return cudaSuccess;
+        forked_ = false;
+        const cudaError_t recorded = cudaEventRecord(event_, side_);
+        return recorded != cudaSuccess ? recorded : cudaStreamWaitEvent(main_, event_);
+    }
+
     cudaStream_t main_, side_;
     cudaEvent_t event_;
     bool forked_ = false;
@@ -164,7 +160,7 @@ Engine::Engine(const ModelDims& dims, const RopeTable& rope, int streams, int ma
                                     {"q_lora_rank", dims.q_lora}, {"kv_lora_rank", dims.kv_lora}}) {
         if (!k::norm_dim_supported(dim)) {
             throw std::invalid_argument(std::string(name) + " " + std::to_string(dim) +
-                                        " is past the RMSNorm kernels' " + std::to_string(k::kNormMaxDim));
+                                        " is outside the RMSNorm kernels' 1.." + std::to_string(k::kNormMaxDim));
         }
     }
     if (dims.first_dense < dims.layers && !k::router_supported(dims.experts, dims.topk)) {
@@ -322,7 +318,9 @@ void Engine::check_rows(const std::vector<int32_t>& streams, const std::vector<i
 void Engine::upload_rows(const RowBuffers& rows, const std::vector<int32_t>& ids, const std::vector<int32_t>& streams,
                          const std::vector<int32_t>& positions, const std::vector<int32_t>& logit_rows) {
     const size_t n = ids.size();
-    std::vector<int32_t> host(9 * static_cast<size_t>(max_rows_), 0);
+    // The nine tables of RowBuffers, one after another; without logit rows (decode) the last three stay as they are.
+    const size_t tables = logit_rows.empty() ? 6 : 9;
+    std::vector<int32_t> host(tables * static_cast<size_t>(max_rows_), 0);
     for (size_t i = 0; i < n; ++i) {
         const int32_t start = streams[i] * max_context_;
         host[i] = ids[i];

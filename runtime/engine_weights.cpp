@@ -226,10 +226,10 @@ void Weights::upload_expert(int layer, int expert, const int32_t* gate_packed, c
     }
     CUDA_CHECK(cudaSetDevice(device_));
     LayerWeights& w = layers[layer];
+    const auto [packed, scales] = expert_projection_bytes(d);
     if (w.marlin) {
         // The checkpoint bytes go up as they are, into a staging buffer kept until every expert is in, and are
         // repacked there on the device: a host repack took tens of ms per K2 expert.
-        const auto [packed, scales] = expert_projection_bytes(d);
         if (expert_stage_ == nullptr) CUDA_CHECK(cudaMalloc(&expert_stage_, 3 * (packed + scales)));
         uint8_t* next = expert_stage_;
         auto stage = [&](const int32_t* host_packed, const uint16_t* host_scale) {
@@ -249,7 +249,6 @@ void Weights::upload_expert(int layer, int expert, const int32_t* gate_packed, c
         // The caller's host bytes are read until their copies land, and the next expert reuses the staging.
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     } else {
-        const auto [packed, scales] = expert_projection_bytes(d);
         auto copy = [&](const void* dst_base, const void* src, size_t bytes) {
             CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(const_cast<void*>(dst_base)) + bytes * expert, src,
                                        bytes, cudaMemcpyHostToDevice, stream_));
@@ -322,6 +321,7 @@ void Weights::randomize(uint64_t seed) {
         }
         w.expert_uploaded.assign(d.experts, true);
     }
+    experts_missing_ = 0;
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     for (auto& [name, slot] : slots_) slot.uploaded = true;
     for (int l = 0; l < d.layers; ++l) {

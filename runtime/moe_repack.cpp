@@ -59,13 +59,7 @@ void repack(const Geometry& geo, int experts, const RowSource& source, uint8_t* 
         for (int ks = 0; ks < geo.cols / k::kStageK; ++ks) {
             uint8_t* stage = stripe_out + static_cast<size_t>(ks) * k::kStageBytes;
             for (int word = 0; word < k::kStageWords; ++word) {
-                uint32_t v = 0;
-                for (int nib = 0; nib < 8; ++nib) {
-                    const k::LayoutSlot slot = k::weight_slot(word, nib);
-                    const int col = ks * k::kStageK + slot.col;
-                    const uint32_t src = static_cast<uint32_t>(rows[slot.tile_row].packed[col / 8]);
-                    v |= ((src >> (4 * (col % 8))) & 0xFu) << (4 * nib);
-                }
+                const uint32_t v = k::repacked_word(word, ks, [&](int tile_row) { return rows[tile_row].packed; });
                 std::memcpy(stage + word * 4, &v, 4);
             }
             for (int i = 0; i < k::kStageScales; ++i) {
