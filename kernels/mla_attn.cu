@@ -132,10 +132,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                          q + (static_cast<int64_t>(row) * heads + (valid ? h0 + r : 0)) * D + c * 8, valid);
     }
     cp_async_commit();
-    // One thread (the one that initialised the barriers) issues each tile: kBlocks bulk-tensor copies of 64 columns into the swizzled stage (rows past
-    // the cache arrive as zeros). Evict-first: the cache is streamed once per launch (a sliced launch's CTAs of a
-    // chunk copy each tile at about the same time, so all but the first read it from L2), and the chunk partials
-    // should stay in L2 for the merge.
+    // One thread (the one that initialised the barriers) issues each tile: kBlocks bulk-tensor copies of 64 columns
+    // into the swizzled stage (rows past the cache arrive as zeros). Evict-first: the cache is streamed once per
+    // launch (a sliced launch's CTAs of a chunk copy each tile at about the same time, so all but the first read it
+    // from L2), and the chunk partials should stay in L2 for the merge.
     auto issue = [&](int tile) {
         const int slot = tile % kStages;
         barrier_arrive_expect_tx(&full[slot], T::stage_bytes);

@@ -6,6 +6,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <utility>
+
 #include "bindings.h"
 #include "engine.h"
 #include "tensor_args.h"
@@ -76,12 +78,14 @@ void bind_engine(nb::module_& m) {
                 // compressed-tensors layout: packed [out, in / 8] int32, scale [out, in / 32] bf16 bits
                 const ModelDims& d = e.dims();
                 const int64_t inter = d.moe_inter, hidden = d.hidden;
-                const int32_t* gp_p = host_data<int32_t>(gp, "gate_packed", "int32", {inter, hidden / 8});
-                const uint16_t* gs_p = host_data<uint16_t>(gs, "gate_scale", "uint16 (bf16 bits)", {inter, hidden / 32});
-                const int32_t* up_p = host_data<int32_t>(up, "up_packed", "int32", {inter, hidden / 8});
-                const uint16_t* us_p = host_data<uint16_t>(us, "up_scale", "uint16 (bf16 bits)", {inter, hidden / 32});
-                const int32_t* dp_p = host_data<int32_t>(dp, "down_packed", "int32", {hidden, inter / 8});
-                const uint16_t* ds_p = host_data<uint16_t>(ds, "down_scale", "uint16 (bf16 bits)", {hidden, inter / 32});
+                auto projection = [](const HostArray& packed, const HostArray& scale, const char* packed_name,
+                                     const char* scale_name, int64_t out, int64_t in) {
+                    return std::pair{host_data<int32_t>(packed, packed_name, "int32", {out, in / 8}),
+                                     host_data<uint16_t>(scale, scale_name, "uint16 (bf16 bits)", {out, in / 32})};
+                };
+                const auto [gp_p, gs_p] = projection(gp, gs, "gate_packed", "gate_scale", inter, hidden);
+                const auto [up_p, us_p] = projection(up, us, "up_packed", "up_scale", inter, hidden);
+                const auto [dp_p, ds_p] = projection(dp, ds, "down_packed", "down_scale", hidden, inter);
                 nb::gil_scoped_release release;
                 e.weights().upload_expert(layer, expert, gp_p, gs_p, up_p, us_p, dp_p, ds_p);
             },

@@ -234,8 +234,8 @@ def write_reports(out: Path, report: dict) -> None:
     for r in report["engine"]:
         lines.append(f"| {r['streams']} | {r['context']} | {r['max_context']} | {r['step_ms']:.3f} | "
                      f"{r['tokens_per_s']:.0f} | {r['host_us_per_step']:.1f} |")
-    lines += ["", ("### Step breakdown (eager step, one op at a time, ms summed over layers; the replayed graph runs the shared "
-               "expert beside the router and routed experts)"), ""]
+    lines += ["", ("### Step breakdown (eager step, one op at a time, ms summed over layers; the replayed graph runs "
+                   "the shared expert beside the router and routed experts)"), ""]
     for r in report["engine"]:
         parts = ", ".join(f"{k} {v:.3f}" for k, v in r["breakdown_ms"].items())
         lines.append(f"- {r['streams']} streams @ {r['context']}: {parts}")
