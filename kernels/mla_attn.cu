@@ -1,5 +1,5 @@
-// Absorbed-MLA attention: one CTA per (query row, chunk of kMlaChunk keys, group of 64 heads, slice of the
-// latent columns), then a merge of the chunk partials in chunk order.
+// Absorbed-MLA attention: one CTA per (query row, chunk of its keys (mla_chunk_keys), group of 64 heads, slice of
+// the latent columns), then a merge of the chunk partials in chunk order.
 //
 // The chunk kernel uses Hopper warpgroup MMAs (wgmma) so that every cache byte is read from shared memory
 // about once per use: with mma.sync each warp re-reads its operands from shared memory, and the kernel was bound
@@ -99,11 +99,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int chunk = blockIdx.x, row = blockIdx.y, h0 = blockIdx.z / kSlices * kHeads;
     const int slice = blockIdx.z % kSlices, slice_block0 = slice * T::kSliceCols / 64;  // first 64-column block
     const int len = kv_len[row];
-    const int key0 = chunk * kMlaChunk;
+    const int chunk_keys = mla_chunk_keys(len), key0 = chunk * chunk_keys;
     if (key0 >= len) {
         return;
     }
-    const int nkeys = min(kMlaChunk, len - key0);
+    const int nkeys = min(chunk_keys, len - key0);
     const int ntiles = (nkeys + kTileKeys - 1) / kTileKeys;
     const int first_key_row = kv_start[row] + key0;  // cache row of the chunk's first key
     const int tid = threadIdx.x, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -365,7 +365,7 @@ __global__ void mla_merge_kernel(bf16* out, const float* part_o, const float* pa
     grid_dependency_wait();  // the partials come from the chunk kernel just before
     allow_dependent_launch();
     const int row = blockIdx.x, head = blockIdx.y;
-    const int chunks = (kv_len[row] + kMlaChunk - 1) / kMlaChunk;
+    const int chunks = mla_chunk_count(kv_len[row]);
     const int64_t first = static_cast<int64_t>(row) * max_chunks;
     float m = -INFINITY;
     for (int c = 0; c < chunks; ++c) m = fmaxf(m, part_ml[((first + c) * heads + head) * 2]);
@@ -432,7 +432,7 @@ template <int DL, int DR>
 cudaError_t launch(bf16* out, const bf16* q, const bf16* cache, int64_t cache_rows, const int32_t* kv_start,
                    const int32_t* kv_len, int rows, int max_len, int heads, float softmax_scale, float* workspace,
                    cudaStream_t stream) {
-    const int max_chunks = (max_len + kMlaChunk - 1) / kMlaChunk;
+    const int max_chunks = mla_max_chunks(max_len);
     float* part_o = workspace;
     float* part_ml = workspace + static_cast<int64_t>(rows) * max_chunks * heads * DL;
     CUtensorMap cache_map;
@@ -473,7 +473,7 @@ bool mla_dims_supported(int kv_lora, int rope_dim) {
 }
 
 int64_t mla_workspace_floats(const MlaDims& dims, int max_rows, int max_len) {
-    const int64_t chunks = (max_len + kMlaChunk - 1) / kMlaChunk;
+    const int64_t chunks = mla_max_chunks(max_len);
     return static_cast<int64_t>(max_rows) * chunks * dims.heads * (dims.kv_lora + 2);
 }
 

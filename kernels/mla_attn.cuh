@@ -3,10 +3,11 @@
 // cache rows. q[h] = [q_nope absorbed through W_UK (kv_lora) | rotated q_rope (rope_dim)]; kv[j] =
 // [normalised latent | rotated k_rope].
 //
-// Batch invariance: keys are split into fixed chunks of kMlaChunk logical positions; each chunk's partial
-// (max, sum, unnormalised output) is computed by one CTA with a fixed tile order, and the partials are merged
-// in chunk order. Nothing depends on how many rows, streams or heads-per-launch there are, so prefill rows,
-// decode rows and (later) tree-verify rows at the same position produce bitwise the same output.
+// Batch invariance: a row's keys are split into chunks of logical positions whose size depends on the row's own
+// length only (mla_chunk_keys); each chunk's partial (max, sum, unnormalised output) is computed by one CTA with a
+// fixed tile order, and the partials are merged in chunk order. Nothing depends on how many rows, streams or
+// heads-per-launch there are, so prefill rows, decode rows and tree-verify rows at the same position produce
+// bitwise the same output.
 #pragma once
 #include <cstdint>
 
@@ -14,7 +15,27 @@
 
 namespace ddtree::kernels {
 
-constexpr int kMlaChunk = 512;
+// Keys per chunk. Short rows keep 512-key chunks so that few rows still spread over many CTAs. Beyond 4096 keys the
+// chunks are 1024 keys: that halves the fp32 partials the merge exchanges and keeps 16 rows at 8k in one wave of
+// CTAs (H200, 16 rows x 8k: 51.6 against 65.5 us), at the cost of a lone row, which then has half the CTAs
+// (32.0 against 20.6 us at 8k); a tree-verify launch has a row per node, so the many-row case is the common one.
+constexpr int kMlaShortChunk = 512;
+constexpr int kMlaLongChunk = 1024;
+constexpr int kMlaLongFrom = 4097;  // the first kv_len whose chunks are long
+
+__host__ __device__ constexpr int mla_chunk_keys(int kv_len) {
+    return kv_len >= kMlaLongFrom ? kMlaLongChunk : kMlaShortChunk;
+}
+__host__ __device__ constexpr int mla_chunk_count(int kv_len) {
+    return (kv_len + mla_chunk_keys(kv_len) - 1) / mla_chunk_keys(kv_len);
+}
+// The most chunks of any kv_len in 1..max_len: the count drops where chunks become long (4096 keys are 8 chunks,
+// 4097 are 5), so the longest row is not always the one with the most.
+constexpr int mla_max_chunks(int max_len) {
+    const int short_max = max_len < kMlaLongFrom ? max_len : kMlaLongFrom - 1;
+    return mla_chunk_count(short_max) > mla_chunk_count(max_len) ? mla_chunk_count(short_max)
+                                                                   : mla_chunk_count(max_len);
+}
 
 struct MlaDims {
     int heads;

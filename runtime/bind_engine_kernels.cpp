@@ -210,7 +210,6 @@ void bind_engine_kernels(nb::module_& kernels) {
             return k::mla_workspace_floats({heads, kv_lora, rope}, rows, max_len);
         },
         nb::arg("heads"), nb::arg("kv_lora"), nb::arg("rope"), nb::arg("rows"), nb::arg("max_len"));
-    kernels.attr("mla_chunk") = k::kMlaChunk;
     kernels.def("route_topk", &route_topk, nb::arg("ids"), nb::arg("weights"), nb::arg("logits"), nb::arg("bias"),
                 nb::arg("normalize"));
     kernels.def("sample_tokens", &sample_tokens, nb::arg("tokens"), nb::arg("logits"), nb::arg("temperature"),

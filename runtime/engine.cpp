@@ -542,7 +542,7 @@ void Engine::set_decode_state(const std::vector<int32_t>& ids, const std::vector
 
 int Engine::attention_span(const std::vector<int32_t>& positions, int ahead) const {
     const int longest = *std::max_element(positions.begin(), positions.end()) + ahead;
-    int granule = k::kMlaChunk;  // a quarter of the power of two below `longest`, in whole chunks
+    int granule = k::kMlaShortChunk;  // a quarter of the power of two below `longest`, in whole chunks
     while (granule * 8 <= longest) granule *= 2;
     return std::min((longest + granule - 1) / granule * granule, max_context_);
 }
@@ -591,11 +591,12 @@ std::vector<std::vector<int32_t>> Engine::decode(const std::vector<int32_t>& fir
     }
     set_sampling(temperature, seed);
     set_decode_state(first_tokens, prompt_lengths, n);
-    // history[s][0] is the prefill token; each replay appends one.
-    std::vector<int32_t> history_init(static_cast<size_t>(n) * max_steps_, 0);
-    for (int i = 0; i < n; ++i) history_init[static_cast<size_t>(i) * max_steps_] = first_tokens[i];
+    // history[s][0] is the prefill token; each replay appends one. The device only writes the history, so only its
+    // first column goes up and only the columns this call fills come back.
+    const size_t history_pitch = static_cast<size_t>(max_steps_) * 4;
     const int32_t one = 1;
-    CUDA_CHECK(cudaMemcpyAsync(history_, history_init.data(), history_init.size() * 4, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpy2DAsync(history_, history_pitch, first_tokens.data(), 4, 4, n, cudaMemcpyHostToDevice,
+                                 stream_));
     CUDA_CHECK(cudaMemcpyAsync(step_, &one, 4, cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     if (steps > 0) {
@@ -603,12 +604,15 @@ std::vector<std::vector<int32_t>> Engine::decode(const std::vector<int32_t>& fir
         Graph& g = decode_graph(n, attention_span(prompt_lengths, steps));
         for (int i = 0; i < steps; ++i) CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
     }
-    CUDA_CHECK(cudaMemcpyAsync(history_init.data(), history_, history_init.size() * 4, cudaMemcpyDeviceToHost, stream_));
+    const int filled = steps + 1;
+    std::vector<int32_t> history(static_cast<size_t>(n) * filled);
+    CUDA_CHECK(cudaMemcpy2DAsync(history.data(), static_cast<size_t>(filled) * 4, history_, history_pitch,
+                                 static_cast<size_t>(filled) * 4, n, cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     std::vector<std::vector<int32_t>> out(n);
     for (int i = 0; i < n; ++i) {
-        const int32_t* row = history_init.data() + static_cast<size_t>(i) * max_steps_;
-        out[i].assign(row, row + steps + 1);
+        const int32_t* row = history.data() + static_cast<size_t>(i) * filled;
+        out[i].assign(row, row + filled);
     }
     return out;
 }

@@ -84,8 +84,8 @@ class Engine {
     void release_streams();
     void upload_rows(const RowBuffers& rows, const std::vector<int32_t>& ids, const std::vector<int32_t>& streams,
                      const std::vector<int32_t>& positions, const std::vector<int32_t>& logit_rows);
-    // `span` bounds every row's kv_len: attention launches a chunk CTA per 512 keys of it for each row. With
-    // capture_routing, each MoE layer's expert choices are copied to routing_.
+    // `span` bounds every row's kv_len: attention launches, for each row, as many chunk CTAs as a row of up to `span`
+    // keys can have. With capture_routing, each MoE layer's expert choices are copied to routing_.
     void forward(const RowBuffers& rows, int n_rows, int n_logit_rows, int span, Timeline* timeline,
                  bool capture_routing);
     void sample(const RowBuffers& rows, int n_logit_rows);

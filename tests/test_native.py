@@ -2,6 +2,7 @@
 
 import ddtree
 import ddtree._native as native
+from ddtree._native import kernels
 
 
 def test_native_module_imports_without_gpu() -> None:
@@ -16,3 +17,18 @@ def test_device_info_describes_itself() -> None:
         assert "SMs" in text
     else:
         assert text.startswith("no CUDA device is present")
+
+
+def test_attention_workspace_holds_the_most_chunks_under_the_bound() -> None:
+    """Rows of up to 4096 keys have 512-key chunks, longer rows 1024-key ones, so a bound of 5000 keys must still
+    hold the 8 chunks of a 4096-key row although a 5000-key row has 5."""
+    per_chunk = 64 * (512 + 2)  # fp32 output plus (max, sum) per head
+
+    def floats(max_len: int) -> int:
+        return kernels.mla_workspace_floats(64, 512, 64, 1, max_len)
+
+    assert floats(4096) == 8 * per_chunk
+    assert floats(5000) == 8 * per_chunk
+    assert floats(8192) == 8 * per_chunk
+    assert floats(8193) == 9 * per_chunk
+    assert kernels.mla_workspace_floats(64, 512, 64, 3, 600) == 3 * 2 * per_chunk

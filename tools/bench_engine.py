@@ -111,8 +111,8 @@ def bench_gemm(name: str, n: int, k: int, batch: int, epilogue: str, rows: int, 
 
 def bench_attention(rows: int, context: int, bw: float, heads: int = 64, lora: int = 512, rope: int = 64,
                     launch_len: int | None = None) -> dict:
-    """`launch_len` (default: the context) is the key bound the launch is sized by: one chunk CTA per 512 keys of
-    it for each row, those past the context exiting at once."""
+    """`launch_len` (default: the context) is the key bound the launch is sized by: as many chunk CTAs per row as
+    a row of up to `launch_len` keys can have, those past the context exiting at once."""
     d = lora + rope
     copies = copies_for(rows * context * d * 2)
     caches = [torch.randn(rows * context, d, device="cuda").bfloat16() for _ in range(min(copies, 4))]

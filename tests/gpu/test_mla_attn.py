@@ -43,10 +43,12 @@ def _reference(q, cache, kv_start, kv_len, lora, scale):
 @pytest.mark.parametrize("heads,lora,rope,lengths", [
     (64, 512, 64, [1, 31, 513, 1500]),   # K2 dims; lengths inside, at and across chunk boundaries
     (64, 512, 64, [8192]),
-    (64, 512, 64, [32, 33, 64, 65, 95, 1023, 1024, 1057]),  # around 32-key tiles and 512-key chunks
+    (64, 512, 64, [32, 33, 64, 65, 95, 1023, 1024, 1057]),  # around 64-key tiles and 512-key chunks
+    (64, 512, 64, [4096, 4097, 5121, 9000]),  # the last length of 512-key chunks, then 1024-key chunks
     (16, 512, 64, [2, 600]),            # fewer heads than one CTA's 64
     (4, 32, 16, [1, 2, 77]),             # tiny preset
     (8, 128, 32, [600, 1025, 3]),        # small preset
+    (8, 128, 32, [4097, 6000]),          # small preset, 1024-key chunks
     (3, 128, 32, [1, 33]),               # odd head count
     (64, 32, 16, [5, 530]),             # a full head group at tiny dims
     (70, 512, 64, [40]),                 # heads beyond one CTA's 64
@@ -76,16 +78,16 @@ def test_mla_attention_ignores_cache_rows_past_the_length(heads: int, lora: int,
 
 @pytest.mark.parametrize("heads,lora,rope", [(64, 512, 64), (8, 128, 32), (4, 32, 16)])
 def test_mla_attention_batch_invariant(heads: int, lora: int, rope: int) -> None:
-    lengths = [700, 1, 3000, 513, 64, 2048, 9, 1200, 31, 777, 1600, 2, 4000, 100, 512, 1024]
+    lengths = [700, 1, 3000, 513, 64, 2048, 9, 1200, 31, 6000, 1600, 2, 4000, 4097, 512, 1024]
     q, cache, kv_start, kv_len, cap = _setup(heads, lora, rope, lengths, 3)
     scale = (128 + rope) ** -0.5
     full = _attend(q, cache, kv_start, kv_len, cap, lora, scale)
     # At K2 dims a launch of few chunk CTAs splits the latent columns over 2 or 4 CTAs: on 128-255 SMs (an H200
-    # has 132) 16 rows of 8 chunks run unsplit, 8 rows in two slices, one row in four; each row's bits must not
-    # change.
+    # has 132) 16 rows of 8 chunks (4096 keys in 512-key chunks, 6000 in 1024-key ones) run unsplit, 8 rows in two
+    # slices, one row in four; each row's bits must not change.
     half = _attend(q[:8].contiguous(), cache, kv_start[:8].contiguous(), kv_len[:8].contiguous(), cap, lora, scale)
     assert torch.equal(half, full[:8])
-    for r in (0, 2, 9, 15):
+    for r in (0, 2, 9, 13, 15):
         alone = _attend(q[r:r + 1].contiguous(), cache, kv_start[r:r + 1].contiguous(), kv_len[r:r + 1].contiguous(),
                         cap, lora, scale)
         assert torch.equal(alone, full[r:r + 1]), r
