@@ -45,6 +45,7 @@ def _reference(q, cache, kv_start, kv_len, lora, scale):
     (64, 512, 64, [8192]),
     (64, 512, 64, [32, 33, 64, 65, 95, 1023, 1024, 1057]),  # around 64-key tiles and 512-key chunks
     (64, 512, 64, [4096, 4097, 5121, 9000]),  # the last length of 512-key chunks, then 1024-key chunks
+    (64, 512, 64, [2600, 3500, 13000]),  # 6, 7 and 13 chunks to merge
     (16, 512, 64, [2, 600]),            # fewer heads than one CTA's 64
     (4, 32, 16, [1, 2, 77]),             # tiny preset
     (8, 128, 32, [600, 1025, 3]),        # small preset
@@ -100,3 +101,13 @@ def test_mla_attention_batch_invariant(heads: int, lora: int, rope: int) -> None
     other = _attend(q[shifted].contiguous(), cache, kv_start[shifted].contiguous(), kv_len[shifted].contiguous(),
                     cap, lora, scale)
     assert torch.equal(other, full[shifted])
+
+
+def test_mla_attention_names_a_short_workspace() -> None:
+    q, cache, kv_start, kv_len, cap = _setup(64, 512, 64, [600], 1)
+    out = torch.empty(1, 64, 512, device="cuda", dtype=torch.bfloat16)
+    ws = torch.empty(kernels.mla_workspace_floats(64, 512, 64, 1, cap), device="cuda")
+    with pytest.raises(ValueError, match="workspace"):
+        kernels.mla_attention(out, q, cache, kv_start, kv_len, cap, 0.1, ws[:-1])
+    with pytest.raises(ValueError, match="workspace"):
+        kernels.mla_attention(out, q, cache, kv_start, kv_len, cap, 0.1, ws.half())
