@@ -49,19 +49,29 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return bf16x2_bits(__floats2bfloat162_rn(lo, hi));
 }
 
-// SMs of the current device, queried once per device (132, an H200's, when the query fails: callers size grids,
-// tiles and K splits by it, so a wrong count costs speed, and a K split still depends on the shapes alone).
-inline int sm_count() {
-    static std::atomic<int> counts[64] = {};
+// An attribute of the current device, queried once per device (`fallback` when the query fails).
+template <cudaDeviceAttr kAttr>
+inline int cached_device_attribute(int fallback) {
+    static std::atomic<int> values[64] = {};
     int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return 132;
-    std::atomic<int>& count = counts[device & 63];
-    if (count.load() == 0) {
-        int sms = 132;
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-        count.store(sms);
+    if (cudaGetDevice(&device) != cudaSuccess) return fallback;
+    std::atomic<int>& value = values[device & 63];
+    if (value.load() == 0) {
+        int v = fallback;
+        if (cudaDeviceGetAttribute(&v, kAttr, device) != cudaSuccess) v = fallback;
+        value.store(v);
     }
-    return count.load();
+    return value.load();
+}
+
+// SMs of the current device (132, an H200's, when the query fails: callers size grids, tiles and K splits by it,
+// so a wrong count costs speed, and a K split still depends on the shapes alone).
+inline int sm_count() { return cached_device_attribute<cudaDevAttrMultiProcessorCount>(132); }
+
+// CTAs with `smem_bytes` of dynamic shared memory that fit on one SM at once by shared memory (the runtime
+// reserves 1 KB of each CTA's share; an H200's 228 KB per SM when the query fails).
+inline int ctas_per_sm_by_smem(int smem_bytes) {
+    return cached_device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(228 * 1024) / (smem_bytes + 1024);
 }
 
 // Opts `kernel` in to `bytes` of dynamic shared memory once per device (the attribute belongs to the function
