@@ -162,20 +162,31 @@ def test_greedy_matches_reference_teacher_forced(preset: str, model_dirs: dict[s
     print(f"{preset}: " + "; ".join(summaries))
 
 
-def test_graph_decode_equals_eager_steps(model_dirs: dict[str, Path]) -> None:
-    engine = ddtree.Engine(model_dirs["tiny"], streams=3, max_context=64)
-    prompts = _prompts(512, [4, 9, 2], seed=2)
-    results = engine.generate(prompts, 12)
+def _assert_graph_decode_equals_eager_steps(engine, prompts: list[list[int]], new_tokens: int) -> None:
+    results = engine.generate(prompts, new_tokens)
     native = engine.native
+    streams = list(range(len(prompts)))
     first = native.prefill(prompts, 0.0, 0)
     tokens = [[t] for t in first]
-    for step in range(11):
+    for step in range(new_tokens - 1):
         ids = [t[-1] for t in tokens]
         positions = [len(p) + step for p in prompts]
-        logits = native.forward_logits(ids, [0, 1, 2], positions)
-        for s in range(3):
+        logits = native.forward_logits(ids, streams, positions)
+        for s in streams:
             tokens[s].append(int(np.argmax(logits[s])))
     assert [r.tokens for r in results] == tokens
+
+
+def test_graph_decode_equals_eager_steps(model_dirs: dict[str, Path]) -> None:
+    engine = ddtree.Engine(model_dirs["tiny"], streams=3, max_context=64)
+    _assert_graph_decode_equals_eager_steps(engine, _prompts(512, [4, 9, 2], seed=2), 12)
+
+
+def test_graph_decode_across_the_attention_chunk_switch(model_dirs: dict[str, Path]) -> None:
+    """The rows cross from 512-key to 1024-key attention chunks (4096 -> 4097 keys) inside one decode call, whose
+    graph is sized for the call's longest row; eager steps are sized for each step alone."""
+    engine = ddtree.Engine(model_dirs["tiny"], streams=2, max_context=4160)
+    _assert_graph_decode_equals_eager_steps(engine, _prompts(512, [4090, 4093], seed=4), 12)
 
 
 @pytest.mark.parametrize("preset", ["tiny", "small", TINY_FUSED])
