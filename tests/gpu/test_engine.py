@@ -35,11 +35,15 @@ ROUTER_TIE = 2e-2
 # `tiny` with hidden and moe_intermediate sizes that are multiples of 128: its routed experts load into the fused
 # INT4 MoE (repacked at upload), where tiny's and small's take the plain INT4 path.
 TINY_FUSED = "tiny-fused"
+# `tiny` with room for contexts past 4096 keys, where attention chunks grow from 512 to 1024 keys.
+TINY_LONG = "tiny-long"
 
 
 def _config(model: str) -> ModelConfig:
     if model == TINY_FUSED:
         return dataclasses.replace(preset_config("tiny"), hidden_size=128, moe_intermediate_size=128)
+    if model == TINY_LONG:
+        return dataclasses.replace(preset_config("tiny"), max_position_embeddings=8192)
     return preset_config(model)
 
 
@@ -50,8 +54,9 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         out = tmp_path_factory.mktemp(preset)
         make_model(preset, out, seed=0)
         dirs[preset] = out
-    dirs[TINY_FUSED] = tmp_path_factory.mktemp(TINY_FUSED)
-    write_checkpoint(dirs[TINY_FUSED], _config(TINY_FUSED), random_tensors(_config(TINY_FUSED), seed=0))
+    for variant in (TINY_FUSED, TINY_LONG):
+        dirs[variant] = tmp_path_factory.mktemp(variant)
+        write_checkpoint(dirs[variant], _config(variant), random_tensors(_config(variant), seed=0))
     return dirs
 
 
@@ -185,7 +190,7 @@ def test_graph_decode_equals_eager_steps(model_dirs: dict[str, Path]) -> None:
 def test_graph_decode_across_the_attention_chunk_switch(model_dirs: dict[str, Path]) -> None:
     """The rows cross from 512-key to 1024-key attention chunks (4096 -> 4097 keys) inside one decode call, whose
     graph is sized for the call's longest row; eager steps are sized for each step alone."""
-    engine = ddtree.Engine(model_dirs["tiny"], streams=2, max_context=4160)
+    engine = ddtree.Engine(model_dirs[TINY_LONG], streams=2, max_context=4160)
     _assert_graph_decode_equals_eager_steps(engine, _prompts(512, [4090, 4093], seed=4), 12)
 
 
