@@ -68,10 +68,12 @@ inline int cached_device_attribute(int fallback) {
 // so a wrong count costs speed, and a K split still depends on the shapes alone).
 inline int sm_count() { return cached_device_attribute<cudaDevAttrMultiProcessorCount>(132); }
 
-// CTAs with `smem_bytes` of dynamic shared memory that fit on one SM at once by shared memory (the runtime
-// reserves 1 KB of each CTA's share; an H200's 228 KB per SM when the query fails).
+// CTAs with `smem_bytes` of dynamic shared memory that fit on one SM at once by shared memory, at least one (the
+// runtime reserves part of each CTA's share; an H200's 228 KB per SM and 1 KB per CTA when the queries fail).
 inline int ctas_per_sm_by_smem(int smem_bytes) {
-    return cached_device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(228 * 1024) / (smem_bytes + 1024);
+    const int per_sm = cached_device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(228 * 1024);
+    const int reserved = cached_device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>(1024);
+    return per_sm / (smem_bytes + reserved) > 1 ? per_sm / (smem_bytes + reserved) : 1;
 }
 
 // Opts `kernel` in to `bytes` of dynamic shared memory once per device (the attribute belongs to the function

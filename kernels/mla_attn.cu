@@ -14,7 +14,7 @@
 //                MN-major), each owning half of the slice's latent columns, while warpgroup 0 scores tile i + 1.
 // Named barriers hand P over (one buffer: "ready" from warpgroup 0, "free" once the P.V warpgroups hold it in
 // registers), and a stage is refilled with tile i + 2 as soon as the P.V of tile i is done with it. Every
-// reduction order is fixed by key positions alone.
+// reduction order is fixed by the key positions and the row's own kv_len (which sets the chunk size).
 //
 // Column slices: a launch of few (row, chunk) pairs (one stream at long context, a few streams at short) would
 // leave most SMs idle, so it splits each chunk's P.V columns over 2 or 4 CTAs. Each slice computes the same scores

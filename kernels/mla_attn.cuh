@@ -17,8 +17,8 @@ namespace ddtree::kernels {
 
 // Keys per chunk. Short rows keep 512-key chunks so that few rows still spread over many CTAs. Beyond 4096 keys the
 // chunks are 1024 keys: that halves the fp32 partials the merge exchanges and keeps 16 rows at 8k in one wave of
-// CTAs (H200, 16 rows x 8k: 51.6 against 65.5 us), at the cost of a lone row, which then has half the CTAs
-// (32.0 against 20.6 us at 8k); a tree-verify launch has a row per node, so the many-row case is the common one.
+// CTAs (H200, 16 rows x 8k: 50.8-51.4 against 64.3-65.5 us), at the cost of a lone row, which then has half the
+// CTAs (28.3 against 19.5-20.6 us at 8k); a tree-verify launch has a row per node, so many rows are the common case.
 constexpr int kMlaShortChunk = 512;
 constexpr int kMlaLongChunk = 1024;
 constexpr int kMlaLongFrom = 4097;  // the first kv_len whose chunks are long
@@ -26,9 +26,8 @@ constexpr int kMlaLongFrom = 4097;  // the first kv_len whose chunks are long
 __host__ __device__ constexpr int mla_chunk_keys(int kv_len) {
     return kv_len >= kMlaLongFrom ? kMlaLongChunk : kMlaShortChunk;
 }
-__host__ __device__ constexpr int mla_chunk_count(int kv_len) {
-    return (kv_len + mla_chunk_keys(kv_len) - 1) / mla_chunk_keys(kv_len);
-}
+// kv_len >= 1; written so that no kv_len up to INT_MAX overflows.
+__host__ __device__ constexpr int mla_chunk_count(int kv_len) { return (kv_len - 1) / mla_chunk_keys(kv_len) + 1; }
 // The most chunks of any kv_len in 1..max_len: the count drops where chunks become long (4096 keys are 8 chunks,
 // 4097 are 5), so the longest row is not always the one with the most.
 constexpr int mla_max_chunks(int max_len) {

@@ -43,7 +43,7 @@ def _config(model: str) -> ModelConfig:
     if model == TINY_FUSED:
         return dataclasses.replace(preset_config("tiny"), hidden_size=128, moe_intermediate_size=128)
     if model == TINY_LONG:
-        return dataclasses.replace(preset_config("tiny"), max_position_embeddings=8192)
+        return dataclasses.replace(preset_config("tiny"), max_position_embeddings=16384)
     return preset_config(model)
 
 
@@ -184,14 +184,20 @@ def _assert_graph_decode_equals_eager_steps(engine, prompts: list[list[int]], ne
 
 def test_graph_decode_equals_eager_steps(model_dirs: dict[str, Path]) -> None:
     engine = ddtree.Engine(model_dirs["tiny"], streams=3, max_context=64)
-    _assert_graph_decode_equals_eager_steps(engine, _prompts(512, [4, 9, 2], seed=2), 12)
+    prompts = _prompts(512, [4, 9, 2], seed=2)
+    _assert_graph_decode_equals_eager_steps(engine, prompts, 12)
+    # one new token: the prefill's, with no decode step
+    assert [r.tokens for r in engine.generate(prompts, 1)] == [r.tokens[:1] for r in engine.generate(prompts, 12)]
 
 
-def test_graph_decode_across_the_attention_chunk_switch(model_dirs: dict[str, Path]) -> None:
-    """The rows cross from 512-key to 1024-key attention chunks (4096 -> 4097 keys) inside one decode call, whose
-    graph is sized for the call's longest row; eager steps are sized for each step alone."""
-    engine = ddtree.Engine(model_dirs[TINY_LONG], streams=2, max_context=4160)
-    _assert_graph_decode_equals_eager_steps(engine, _prompts(512, [4090, 4093], seed=4), 12)
+@pytest.mark.parametrize("lengths,max_context", [([4090, 4093], 4160), ([8186, 8189], 8224)])
+def test_graph_decode_across_attention_chunk_bounds(model_dirs: dict[str, Path], lengths: list[int],
+                                                    max_context: int) -> None:
+    """The rows cross from 512-key to 1024-key attention chunks (4096 -> 4097 keys), or past 8192 keys, inside one
+    decode call. The graph is sized for the call's longest row (9 chunk CTAs per row in the second case); eager
+    steps are sized for each step alone (8 before 8192 keys, 9 after)."""
+    engine = ddtree.Engine(model_dirs[TINY_LONG], streams=2, max_context=max_context)
+    _assert_graph_decode_equals_eager_steps(engine, _prompts(512, lengths, seed=4), 12)
 
 
 @pytest.mark.parametrize("preset", ["tiny", "small", TINY_FUSED])

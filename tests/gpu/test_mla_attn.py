@@ -84,18 +84,24 @@ def test_mla_attention_batch_invariant(heads: int, lora: int, rope: int) -> None
     scale = (128 + rope) ** -0.5
     full = _attend(q, cache, kv_start, kv_len, cap, lora, scale)
     # At K2 dims a launch of few chunk CTAs splits the latent columns over 2 or 4 CTAs: on 128-255 SMs (an H200
-    # has 132) 16 rows of 8 chunks (4096 keys in 512-key chunks, 6000 in 1024-key ones) run unsplit, 8 rows in two
-    # slices, one row in four; each row's bits must not change.
+    # has 132) 16 rows launched for 8 chunks each (the most any row of up to 6000 keys has: 4096 keys in 512-key
+    # chunks) run unsplit, 8 rows in two slices, one row in four; each row's bits must not change.
     half = _attend(q[:8].contiguous(), cache, kv_start[:8].contiguous(), kv_len[:8].contiguous(), cap, lora, scale)
     assert torch.equal(half, full[:8])
     for r in (0, 2, 9, 13, 15):
         alone = _attend(q[r:r + 1].contiguous(), cache, kv_start[r:r + 1].contiguous(), kv_len[r:r + 1].contiguous(),
                         cap, lora, scale)
         assert torch.equal(alone, full[r:r + 1]), r
-    # the max_len bound of the launch (how many chunk CTAs exist) does not change a row either
+    # the max_len bound of the launch (how many chunk CTAs exist) does not change a row either, on either side of
+    # the chunk-size switch (a chunk size taken from the bound instead of the row would show here)
     wider = _attend(q[:1].contiguous(), cache, kv_start[:1].contiguous(), kv_len[:1].contiguous(), 2 * cap, lora,
                     scale)
     assert torch.equal(wider, full[:1])
+    for r in (12, 13):  # 4000 and 4097 keys, each launched bounded by its own length
+        own = _attend(q[r:r + 1].contiguous(), cache, kv_start[r:r + 1].contiguous(), kv_len[r:r + 1].contiguous(),
+                      lengths[r], lora, scale)
+        assert torch.equal(own, full[r:r + 1]), r
+    assert torch.equal(_attend(q, cache, kv_start, kv_len, 16384, lora, scale), full)
     # nor do the other rows' positions: the same rows beside neighbours of other lengths and cache offsets
     shifted = torch.roll(torch.arange(len(lengths), device="cuda"), 5)
     other = _attend(q[shifted].contiguous(), cache, kv_start[shifted].contiguous(), kv_len[shifted].contiguous(),
