@@ -338,9 +338,8 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream) {
     return launch_dependent(kernel, grid, dim3(kThreads), C::kSmemBytes, stream, p);
 }
 
-// The share of the CTA slots of its last wave that a grid of `ctas` fills, `per_sm` CTAs sharing each SM.
-double last_wave_fill(int64_t ctas, int per_sm) {
-    const int64_t slots = static_cast<int64_t>(per_sm) * sm_count();
+// The share of the CTA slots of its last wave that a grid of `ctas` fills, `slots` CTAs resident at once.
+double last_wave_fill(int64_t ctas, int64_t slots) {
     return static_cast<double>(ctas) / (static_cast<double>((ctas + slots - 1) / slots) * slots);
 }
 
@@ -358,35 +357,34 @@ template <GemmEpilogue E>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
     if (p.k <= kShortKMax) return p.m <= 8 ? launch_short_k<1, E>(p, stream) : launch_short_k<2, E>(p, stream);
     const bool one_chunk = (p.k + kChunk - 1) / kChunk <= p.splits;
+    const bool short_ring = p.splits == 1 && p.k <= kShortRingChunks * kChunk;  // unsplit K of at most 4 chunks
     if (p.m <= 8) {
         // Unsplit K of at most four chunks (q_b, shared down on K2): each CTA's ring never runs deep, and two
         // stages let four CTAs share an SM instead of two, so the tiles need half the latency rounds. Measured at
         // one row: q_b 77% -> 87%, shared down 75% -> 91%; deeper K lost 2-7 points with two stages.
         if (one_chunk) return launch_config<1, 1, 1, E>(p, stream);
-        const bool short_ring = p.splits == 1 && p.k <= kShortRingChunks * kChunk;
         return short_ring ? launch_config<1, 1, 2, E>(p, stream) : launch_config<1, 1, 4, E>(p, stream);
     }
     if (p.m <= 16) {
         // 32-row tiles halve the activation reads; for projections of at most two 16-row tiles per SM
         // (q_a+kv_a, shared gate_up, router on K2) they leave too few CTAs to keep the stream going, and
         // 16-row tiles measured 6-10 points of copy bandwidth faster there (and 3-10 slower on wider ones).
-        const int64_t tiles = static_cast<int64_t>((p.n + kTileRows - 1) / kTileRows) * p.batch;
-        if (tiles <= 2 * sm_count()) {
+        const int64_t tiles = static_cast<int64_t>((p.n + kTileRows - 1) / kTileRows) * p.batch, sms = sm_count();
+        if (tiles <= 2 * sms) {
             return one_chunk ? launch_config<1, 2, 1, E>(p, stream) : launch_config<1, 2, 3, E>(p, stream);
         }
         // Unsplit K of at most four chunks in at most two waves: 16-row tiles with a two-stage ring (three CTAs per
         // SM, against two) when they fill the last wave better than 32-row tiles do. Measured at 16 rows: q_b (768
         // 16-row tiles, 1.94 waves against 1.45) 14.4 -> 12.8 us; shared down (448 tiles, 1.13 waves against
         // 0.85) would lose 10.4 -> 12.5 us and keeps 32-row tiles.
-        const bool short_ring = p.splits == 1 && p.k <= kShortRingChunks * kChunk;
         if (!one_chunk && short_ring) {
             using Narrow = Config<1, 2, 2>;
             using Wide = Config<2, 2, 2>;
-            const int narrow_per_sm = ctas_per_sm_by_smem(Narrow::kSmemBytes);
+            const int64_t narrow_slots = ctas_per_sm_by_smem(Narrow::kSmemBytes) * sms;
+            const int64_t wide_slots = ctas_per_sm_by_smem(Wide::kSmemBytes) * sms;
             const int64_t wide_ctas = static_cast<int64_t>((p.n + Wide::kRows - 1) / Wide::kRows) * p.batch;
-            const int wide_per_sm = ctas_per_sm_by_smem(Wide::kSmemBytes);
-            if (tiles <= 2 * static_cast<int64_t>(narrow_per_sm) * sm_count() &&
-                last_wave_fill(tiles, narrow_per_sm) > last_wave_fill(wide_ctas, wide_per_sm)) {
+            const bool narrow_better = last_wave_fill(tiles, narrow_slots) > last_wave_fill(wide_ctas, wide_slots);
+            if (tiles <= 2 * narrow_slots && narrow_better) {
                 return launch_config<1, 2, 2, E>(p, stream);
             }
         }

@@ -1,6 +1,7 @@
 // Device helpers shared by the tensor-core kernels (gemm, mla_attn, moe_marlin): mma.sync, ldmatrix, cp.async,
 // mbarriers and bulk copies, the SM count, shared-memory opt-in.
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
@@ -73,7 +74,7 @@ inline int sm_count() { return cached_device_attribute<cudaDevAttrMultiProcessor
 inline int ctas_per_sm_by_smem(int smem_bytes) {
     const int per_sm = cached_device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(228 * 1024);
     const int reserved = cached_device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>(1024);
-    return per_sm / (smem_bytes + reserved) > 1 ? per_sm / (smem_bytes + reserved) : 1;
+    return std::max(1, per_sm / (smem_bytes + reserved));
 }
 
 // Opts `kernel` in to `bytes` of dynamic shared memory once per device (the attribute belongs to the function

@@ -17,7 +17,6 @@ namespace nb = nanobind;
 namespace ddtree {
 namespace {
 
-using HostArray = nb::ndarray<nb::ro, nb::device::cpu, nb::c_contig>;  // read-only memory maps welcome
 
 template <typename T>
 T field(const nb::dict& d, const char* key) {

@@ -24,7 +24,6 @@ namespace nb = nanobind;
 namespace ddtree {
 namespace {
 
-using HostArray = nb::ndarray<nb::device::cpu, nb::c_contig>;
 template <typename T>
 using NumpyArray = nb::ndarray<nb::numpy, T>;
 
@@ -42,15 +41,27 @@ moe::PackedProjection projection(const HostArray& packed, const HostArray& scale
     return {static_cast<const int32_t*>(packed.data()), static_cast<const uint16_t*>(scale.data())};
 }
 
-std::pair<int, int> w13_dims(const HostArray& gate_packed) {
-    if (gate_packed.ndim() != 3) throw nb::value_error("argument 'gate_packed' must be 3-D [experts, inter, hidden/8]");
-    return {static_cast<int>(gate_packed.shape(1)), static_cast<int>(gate_packed.shape(2) * 8)};
+struct ExpertDims {
+    int64_t experts;
+    int hidden, inter;
+};
+
+// The expert count, hidden and inter of a checkpoint-format projection's packed words, host or device: gate/up
+// [experts, inter, hidden / 8] (w13) or down [experts, hidden, inter / 8]; checked against what the MoE kernels take.
+template <typename Array>
+ExpertDims expert_dims(const Array& packed, bool w13) {
+    if (packed.ndim() != 3) {
+        throw nb::value_error(w13 ? "argument 'gate_packed' must be 3-D [experts, inter, hidden/8]"
+                                  : "argument 'down_packed' must be 3-D [experts, hidden, inter/8]");
+    }
+    const int rows = static_cast<int>(packed.shape(1)), cols = static_cast<int>(packed.shape(2) * 8);
+    const ExpertDims d{static_cast<int64_t>(packed.shape(0)), w13 ? cols : rows, w13 ? rows : cols};
+    moe::check_moe_shape(d.hidden, d.inter);
+    return d;
 }
 
 NumpyArray<uint8_t> repack_w13(HostArray gate_packed, HostArray gate_scale, HostArray up_packed, HostArray up_scale) {
-    const auto [inter, hidden] = w13_dims(gate_packed);
-    const int64_t experts = gate_packed.shape(0);
-    moe::check_moe_shape(hidden, inter);
+    const auto [experts, hidden, inter] = expert_dims(gate_packed, true);
     const auto gate = projection(gate_packed, gate_scale, "gate_packed", "gate_scale", inter, hidden, experts);
     const auto up = projection(up_packed, up_scale, "up_packed", "up_scale", inter, hidden, experts);
     auto out = empty_numpy<uint8_t>({static_cast<size_t>(experts), moe::repacked_w13_bytes(hidden, inter)});
@@ -62,10 +73,7 @@ NumpyArray<uint8_t> repack_w13(HostArray gate_packed, HostArray gate_scale, Host
 }
 
 NumpyArray<uint8_t> repack_w2(HostArray down_packed, HostArray down_scale) {
-    if (down_packed.ndim() != 3) throw nb::value_error("argument 'down_packed' must be 3-D [experts, hidden, inter/8]");
-    const int64_t experts = down_packed.shape(0);
-    const int hidden = static_cast<int>(down_packed.shape(1)), inter = static_cast<int>(down_packed.shape(2) * 8);
-    moe::check_moe_shape(hidden, inter);
+    const auto [experts, hidden, inter] = expert_dims(down_packed, false);
     const auto down = projection(down_packed, down_scale, "down_packed", "down_scale", hidden, inter, experts);
     auto out = empty_numpy<uint8_t>({static_cast<size_t>(experts), moe::repacked_w2_bytes(hidden, inter)});
     {
@@ -107,28 +115,22 @@ moe::PackedProjection device_projection(const CudaArray& packed, const CudaArray
 void repack_w13_on_device(CudaArray out, CudaArray gate_packed, CudaArray gate_scale, CudaArray up_packed,
                           CudaArray up_scale) {
     same_device({&out, &gate_packed, &gate_scale, &up_packed, &up_scale});
-    if (gate_packed.ndim() != 3) throw nb::value_error("argument 'gate_packed' must be 3-D [experts, inter, hidden/8]");
-    const int64_t experts = gate_packed.shape(0), inter = gate_packed.shape(1), hidden = gate_packed.shape(2) * 8;
-    moe::check_moe_shape(static_cast<int>(hidden), static_cast<int>(inter));
+    const auto [experts, hidden, inter] = expert_dims(gate_packed, true);
     const auto gate = device_projection(gate_packed, gate_scale, "gate_packed", "gate_scale", experts, inter, hidden);
     const auto up = device_projection(up_packed, up_scale, "up_packed", "up_scale", experts, inter, hidden);
     auto* dst = checked<uint8_t>(out, "out", DType::u8,
                                  {experts, static_cast<int64_t>(moe::repacked_w13_bytes(hidden, inter))});
-    CUDA_CHECK(kernels::moe::repack_w13_on_device(dst, gate, up, static_cast<int>(experts), static_cast<int>(hidden),
-                                                  static_cast<int>(inter), nullptr));
+    CUDA_CHECK(kernels::moe::repack_w13_on_device(dst, gate, up, static_cast<int>(experts), hidden, inter, nullptr));
     CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 
 void repack_w2_on_device(CudaArray out, CudaArray down_packed, CudaArray down_scale) {
     same_device({&out, &down_packed, &down_scale});
-    if (down_packed.ndim() != 3) throw nb::value_error("argument 'down_packed' must be 3-D [experts, hidden, inter/8]");
-    const int64_t experts = down_packed.shape(0), hidden = down_packed.shape(1), inter = down_packed.shape(2) * 8;
-    moe::check_moe_shape(static_cast<int>(hidden), static_cast<int>(inter));
+    const auto [experts, hidden, inter] = expert_dims(down_packed, false);
     const auto down = device_projection(down_packed, down_scale, "down_packed", "down_scale", experts, hidden, inter);
     auto* dst = checked<uint8_t>(out, "out", DType::u8,
                                  {experts, static_cast<int64_t>(moe::repacked_w2_bytes(hidden, inter))});
-    CUDA_CHECK(kernels::moe::repack_w2_on_device(dst, down, static_cast<int>(experts), static_cast<int>(hidden),
-                                                 static_cast<int>(inter), nullptr));
+    CUDA_CHECK(kernels::moe::repack_w2_on_device(dst, down, static_cast<int>(experts), hidden, inter, nullptr));
     CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 

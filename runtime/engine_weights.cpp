@@ -246,8 +246,6 @@ void Weights::upload_expert(int layer, int expert, const int32_t* gate_packed, c
                                                 up, 1, d.hidden, d.moe_inter, stream_));
         CUDA_CHECK(k::moe::repack_w2_on_device(w.marlin->w2() + expert * w.marlin->w2_bytes_per_expert(), down, 1,
                                                d.hidden, d.moe_inter, stream_));
-        // The caller's host bytes are read until their copies land, and the next expert reuses the staging.
-        CUDA_CHECK(cudaStreamSynchronize(stream_));
     } else {
         auto copy = [&](const void* dst_base, const void* src, size_t bytes) {
             CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(const_cast<void*>(dst_base)) + bytes * expert, src,
@@ -259,8 +257,9 @@ void Weights::upload_expert(int layer, int expert, const int32_t* gate_packed, c
         copy(w.plain.up_scale, up_scale, scales);
         copy(w.plain.down_packed, down_packed, packed);
         copy(w.plain.down_scale, down_scale, scales);
-        CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
+    // The caller's host bytes may be read after the copies are queued (pinned memory is read by the DMA itself).
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
     if (!w.expert_uploaded[expert]) {
         w.expert_uploaded[expert] = true;
         if (--experts_missing_ == 0) {  // the staging's last use
@@ -323,6 +322,8 @@ void Weights::randomize(uint64_t seed) {
     }
     experts_missing_ = 0;
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+    cudaFree(expert_stage_);  // the staging of a load that randomize() ends
+    expert_stage_ = nullptr;
     for (auto& [name, slot] : slots_) slot.uploaded = true;
     for (int l = 0; l < d.layers; ++l) {
         cudaFree(gate_stage_[l]);

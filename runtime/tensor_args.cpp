@@ -60,6 +60,12 @@ const char* dtype_name(DType dtype) {
     return "?";
 }
 
+void check_host(const HostArray& a, const char* name, bool dtype_ok, const char* dtype,
+                std::initializer_list<int64_t> shape) {
+    if (!dtype_ok) throw nb::value_error((std::string("argument '") + name + "' must be " + dtype).c_str());
+    check_shape(name, a.ndim(), a.shape_ptr(), shape);
+}
+
 void check_shape(const char* name, size_t ndim, const int64_t* extents, std::initializer_list<int64_t> shape) {
     bool ok = ndim == shape.size();
     size_t i = 0;

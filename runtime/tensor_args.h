@@ -14,6 +14,7 @@ namespace ddtree {
 
 namespace nb = nanobind;
 using CudaArray = nb::ndarray<nb::device::cuda, nb::c_contig>;
+using HostArray = nb::ndarray<nb::ro, nb::device::cpu, nb::c_contig>;  // read-only memory maps welcome
 
 enum class DType { bf16, f32, i32, i64, u8 };
 
@@ -25,12 +26,8 @@ void check_shape(const char* name, size_t ndim, const int64_t* extents, std::ini
 
 // Checks a host array's dtype (`dtype_ok`; `dtype` names the one expected) and shape (extents < 0 are free),
 // naming `name` in the error.
-template <typename HostArray>
 void check_host(const HostArray& a, const char* name, bool dtype_ok, const char* dtype,
-                std::initializer_list<int64_t> shape) {
-    if (!dtype_ok) throw nb::value_error((std::string("argument '") + name + "' must be " + dtype).c_str());
-    check_shape(name, a.ndim(), a.shape_ptr(), shape);
-}
+                std::initializer_list<int64_t> shape);
 
 // Checks device, dtype, rank and (where an extent is >= 0) each extent; returns the data pointer.
 void* checked_data(const CudaArray& array, const char* name, DType dtype, std::initializer_list<int64_t> shape);

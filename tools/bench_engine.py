@@ -171,8 +171,8 @@ def bench_small_kernels(rows: int, cfg, bw: float) -> list[dict]:
     pos = torch.zeros(rows, device="cuda", dtype=torch.int32)
     results.append(row("sample (greedy)", median_ms(lambda: kernels.sample_tokens(tokens, big, temp, seed, pos, pos)),
                        big.numel() * 4, median_ms(lambda: big.argmax(-1)), "torch argmax"))
-    warm = torch.ones(1, device="cuda")
-    results.append(row("sample (T=1)", median_ms(lambda: kernels.sample_tokens(tokens, big, warm, seed, pos, pos)),
+    temp_one = torch.ones(1, device="cuda")
+    results.append(row("sample (T=1)", median_ms(lambda: kernels.sample_tokens(tokens, big, temp_one, seed, pos, pos)),
                        big.numel() * 4, median_ms(lambda: torch.multinomial(torch.softmax(big, -1), 1)),
                        "torch softmax+multinomial"))
     table = torch.randn(vocab, h, device="cuda").bfloat16()

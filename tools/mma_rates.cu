@@ -41,7 +41,7 @@ __device__ __forceinline__ void wgmma(float (&d)[32], uint64_t a, const uint32_t
                          : DDTREE_WGMMA_D16(d, 0) : RS_OPS);
         } else {
             static_assert(N == 64);
-            wgmma_m64n64k16_rs_mn(d, r, b);  // the attention's P.V form (B MN-major)
+            wgmma_m64n64k16_rs_mn(d, r, b);  // the attention's P.V form: B MN-major, unlike the narrower RS rows
         }
     } else if constexpr (N == 32) {
         asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {" REGS16 "}, %16, %17, 1, 1, 1, 0, 0;\n"
@@ -63,7 +63,8 @@ __global__ void wgmma_kernel(float* sink, int steps) {
     }
     fence_proxy_async();
     __syncthreads();
-    // K-major operands in the 128-byte swizzle, 8-row groups 1024 bytes apart (the attention kernel's layout).
+    // K-major operands in the 128-byte swizzle, 8-row groups 1024 bytes apart (the attention kernel's layout); the
+    // RS N = 64 row reads the same bytes as B MN-major (transposed), the form of the attention's P.V.
     const uint32_t base = smem_addr(smem);
     const uint64_t a = sw128_desc(base, 16, 1024), b = sw128_desc(base + 8192, 16, 1024);
     const uint32_t r[4] = {0x3C003C00u, 0x3C013C00u, 0x3C003C01u, 0x3C013C01u};
