@@ -79,30 +79,22 @@ __device__ __forceinline__ void dependent_kernel_start() {
 }
 #endif
 
-// Launches `kernel` as a programmatic dependent of the previous kernel of `stream` (see grid_dependency_wait), in
-// thread-block clusters of `cluster_ctas` CTAs along x when that is above 1 (grid.x must be a multiple of it).
+// Launches `kernel` as a programmatic dependent of the previous kernel of `stream` (see grid_dependency_wait). A
+// kernel declared with __cluster_dims__ runs in those clusters: the launch needs no cluster attribute for them.
 template <typename... Params, typename... Args>
-cudaError_t launch_dependent_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned cluster_ctas,
-                                      size_t smem_bytes, cudaStream_t stream, Args&&... args) {
-    cudaLaunchAttribute attributes[2] = {};
-    attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attributes[0].val.programmaticStreamSerializationAllowed = 1;
-    attributes[1].id = cudaLaunchAttributeClusterDimension;
-    attributes[1].val.clusterDim = {cluster_ctas, 1, 1};
+cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
+                             cudaStream_t stream, Args&&... args) {
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t config{};
     config.gridDim = grid;
     config.blockDim = block;
     config.dynamicSmemBytes = smem_bytes;
     config.stream = stream;
-    config.attrs = attributes;
-    config.numAttrs = cluster_ctas > 1 ? 2 : 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
     return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-}
-
-template <typename... Params, typename... Args>
-cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
-                             cudaStream_t stream, Args&&... args) {
-    return launch_dependent_clusters(kernel, grid, block, 1, smem_bytes, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace ddtree::kernels

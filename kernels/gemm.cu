@@ -338,6 +338,16 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream) {
     return launch_dependent(kernel, grid, dim3(kThreads), C::kSmemBytes, stream, p);
 }
 
+// CTAs of Config<RT, NT, S> resident at once on `sms` SMs (opting its kernel in to its shared memory).
+template <int RT, int NT, int S, GemmEpilogue E>
+cudaError_t cta_slots(int64_t sms, int64_t* slots) {
+    int per_sm = 0;
+    DDTREE_RETURN_IF_ERROR((resident_ctas_per_sm<gemm_kernel<RT, NT, S, E>>(kThreads, Config<RT, NT, S>::kSmemBytes,
+                                                                            &per_sm)));
+    *slots = per_sm * sms;
+    return cudaSuccess;
+}
+
 // The share of the CTA slots of its last wave that a grid of `ctas` fills, `slots` CTAs resident at once.
 double last_wave_fill(int64_t ctas, int64_t slots) {
     return static_cast<double>(ctas) / (static_cast<double>((ctas + slots - 1) / slots) * slots);
@@ -378,10 +388,10 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
         // 16-row tiles, 1.94 waves against 1.45) 14.4 -> 12.8 us; shared down (448 tiles, 1.13 waves against
         // 0.85) would lose 10.4 -> 12.5 us and keeps 32-row tiles.
         if (!one_chunk && short_ring) {
-            using Narrow = Config<1, 2, 2>;
             using Wide = Config<2, 2, 2>;
-            const int64_t narrow_slots = ctas_per_sm_by_smem(Narrow::kSmemBytes) * sms;
-            const int64_t wide_slots = ctas_per_sm_by_smem(Wide::kSmemBytes) * sms;
+            int64_t narrow_slots = 0, wide_slots = 0;
+            DDTREE_RETURN_IF_ERROR((cta_slots<1, 2, 2, E>(sms, &narrow_slots)));
+            DDTREE_RETURN_IF_ERROR((cta_slots<2, 2, 2, E>(sms, &wide_slots)));
             const int64_t wide_ctas = static_cast<int64_t>((p.n + Wide::kRows - 1) / Wide::kRows) * p.batch;
             const bool narrow_better = last_wave_fill(tiles, narrow_slots) > last_wave_fill(wide_ctas, wide_slots);
             if (tiles <= 2 * narrow_slots && narrow_better) {

@@ -1,7 +1,6 @@
 // Device helpers shared by the tensor-core kernels (gemm, mla_attn, moe_marlin): mma.sync, ldmatrix, cp.async,
-// mbarriers and bulk copies, the SM count, shared-memory opt-in.
+// mbarriers and bulk copies, the SM count, shared-memory opt-in and resident CTAs per SM.
 #pragma once
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
@@ -69,12 +68,26 @@ inline int cached_device_attribute(int fallback) {
 // so a wrong count costs speed, and a K split still depends on the shapes alone).
 inline int sm_count() { return cached_device_attribute<cudaDevAttrMultiProcessorCount>(132); }
 
-// CTAs with `smem_bytes` of dynamic shared memory that fit on one SM at once by shared memory, at least one (the
-// runtime reserves part of each CTA's share; an H200's 228 KB per SM and 1 KB per CTA when the queries fail).
-inline int ctas_per_sm_by_smem(int smem_bytes) {
-    const int per_sm = cached_device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(228 * 1024);
-    const int reserved = cached_device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>(1024);
-    return std::max(1, per_sm / (smem_bytes + reserved));
+// CTAs of `kKernel` with `threads` threads and `smem_bytes` of dynamic shared memory that are resident on one SM
+// of the current device at once, by the occupancy calculator (registers, threads, static and dynamic shared memory,
+// the runtime's reservation per CTA); opts the kernel in to `smem_bytes` first. Both happen once per kernel and
+// device: later calls, CUDA-graph captures included, make no attribute or occupancy call, so a kernel must always
+// be asked with the same threads and bytes. cudaErrorInvalidConfiguration when not even one CTA fits.
+template <auto kKernel>
+inline cudaError_t resident_ctas_per_sm(int threads, int smem_bytes, int* ctas) {
+    static std::atomic<int> per_device[64] = {};
+    int device = 0;
+    DDTREE_RETURN_IF_ERROR(cudaGetDevice(&device));
+    std::atomic<int>& cached = per_device[device & 63];
+    if (cached.load() == 0) {
+        DDTREE_RETURN_IF_ERROR(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+        int count = 0;
+        DDTREE_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, kKernel, threads, smem_bytes));
+        if (count < 1) return cudaErrorInvalidConfiguration;
+        cached.store(count);
+    }
+    *ctas = cached.load();
+    return cudaSuccess;
 }
 
 // Opts `kernel` in to `bytes` of dynamic shared memory once per device (the attribute belongs to the function

@@ -248,12 +248,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
     } else {
         const int pv = wg - 1;  // column half of the slice
-        const bool active = pv < T::kPvGroups;
+        // pv < kPvGroups, as pv is 0 or 1; put so that it is a constant when both P.V warpgroups work (the compiler
+        // cannot bound wg, and kept a test of it in every tile).
+        const bool active = T::kPvGroups == 2 || pv == 0;
         const int block0 = slice_block0 + pv * T::kPvBlocks;  // this warpgroup's first 64-column block
         const uint64_t pv_desc =
             sw128_desc(kv_addr + block0 * kTileKeys * kSwizzleRow, kTileKeys * kSwizzleRow, 8 * kSwizzleRow);
         constexpr int kPParts = T::kPvBlocks >= 4 ? 2 : 1, kStepsPerPart = kTileKeys / 16 / kPParts;
-        static_assert(kPParts == 1 || T::kPvGroups == 2, "an idle warpgroup loads P in one part");
         float o[T::kPvBlocks][32];
 #pragma unroll
         for (int b = 0; b < T::kPvBlocks; ++b) {
@@ -262,20 +263,27 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         for (int tile = 0; tile < ntiles; ++tile) {
             named_barrier_sync(kPReadyBarrier, kThreads);
-            const float alpha_lo = s_alpha[r_lo], alpha_hi = s_alpha[r_lo + 8];
-            // P's A fragments: all four k16 steps at once, or in two parts when the warpgroup's 256 accumulator
-            // columns leave no registers for all of them (the second part is loaded after the first's wgmmas).
-            uint32_t a[kStepsPerPart][4];
-            auto load_p = [&](int part) {
-#pragma unroll
-                for (int kk = 0; kk < kStepsPerPart; ++kk) {
-                    const int step = part * kStepsPerPart + kk;
-                    ldmatrix_x4(a[kk], s_p + p_offset(16 * warp + lane % 16, 2 * step + lane / 16));
-                }
-                if (part == kPParts - 1 && tile + 1 < ntiles) named_barrier_arrive(kPFreeBarrier, kThreads);
+            // Warpgroup 0 may overwrite P and alpha once both P.V warpgroups hold them in registers; an idle one
+            // loads nothing but arrives all the same, as the barrier counts all kThreads. No P follows the last tile.
+            auto release_p = [&] {
+                if (tile + 1 < ntiles) named_barrier_arrive(kPFreeBarrier, kThreads);
             };
-            load_p(0);
-            if (active) {
+            if (!active) {
+                release_p();
+            } else {
+                const float alpha_lo = s_alpha[r_lo], alpha_hi = s_alpha[r_lo + 8];
+                // P's A fragments: all four k16 steps at once, or in two parts when the warpgroup's 256 accumulator
+                // columns leave no registers for all of them (the second part is loaded after the first's wgmmas).
+                uint32_t a[kStepsPerPart][4];
+                auto load_p = [&](int part) {
+#pragma unroll
+                    for (int kk = 0; kk < kStepsPerPart; ++kk) {
+                        const int step = part * kStepsPerPart + kk;
+                        ldmatrix_x4(a[kk], s_p + p_offset(16 * warp + lane % 16, 2 * step + lane / 16));
+                    }
+                };
+                load_p(0);
+                if (kPParts == 1) release_p();
                 wait_tile(tile);
                 // Keys past the chunk's end are cache rows of other positions (or zeros past the cache): P is 0
                 // there, but 0 * V must not become NaN, so this warpgroup zeroes those rows of its V columns
@@ -310,7 +318,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const uint64_t v_desc = pv_desc + (((tile % kStages) * T::stage_bytes) >> 4);
 #pragma unroll
                 for (int part = 0; part < kPParts; ++part) {
-                    if (part > 0) load_p(part);
+                    if (part > 0) {  // the second and last part: now all of P is in registers
+                        load_p(part);
+                        release_p();
+                    }
 #pragma unroll
                     for (int b = 0; b < T::kPvBlocks; ++b) fence_registers(o[b]);
                     wgmma_fence();

@@ -36,6 +36,23 @@ constexpr int mla_max_chunks(int max_len) {
                                                                    : mla_chunk_count(max_len);
 }
 
+// The longest kv_len whose launch bound (mla_max_chunks, which never decreases with the length) is `chunks`: rows
+// of up to 4096 keys reach 8 chunks, and 1024-key chunks keep the bound at 8 up to 8192 keys.
+constexpr int64_t mla_longest_len(int chunks) {
+    constexpr int short_bound = (kMlaLongFrom - 1) / kMlaShortChunk;
+    static_assert((kMlaLongFrom - 1) % kMlaShortChunk == 0 && short_bound * kMlaLongChunk >= kMlaLongFrom - 1,
+                  "short chunks end on a chunk edge, and as many long chunks reach at least as far");
+    return static_cast<int64_t>(chunks) * (chunks < short_bound ? kMlaShortChunk : kMlaLongChunk);
+}
+constexpr bool mla_longest_len_exact(int up_to_chunks) {
+    for (int c = 1; c <= up_to_chunks; ++c) {
+        const int len = static_cast<int>(mla_longest_len(c));
+        if (mla_max_chunks(len) != c || mla_max_chunks(len + 1) != c + 1) return false;
+    }
+    return true;
+}
+static_assert(mla_longest_len_exact(64), "mla_longest_len is the last length of each launch bound");
+
 struct MlaDims {
     int heads;
     int kv_lora;   // latent dim (values are its first kv_lora entries)

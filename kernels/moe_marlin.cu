@@ -217,9 +217,9 @@ __device__ void run_unit(const GemmParams& p, const Unit& u, uint8_t* ring, Unit
     const int4 blk = u.blk;
     const int stripe0 = u.stripe0;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    // Known warp-uniform (broadcast), so that the warps other than 0 branch past the weight copies, which one
-    // elected lane of warp 0 issues.
-    const int warp_uniform = __shfl_sync(0xffffffffu, warp, 0);
+    // Warp 0 issues the weight copies (one elected lane). Tested on the warp index broadcast from lane 0, which the
+    // compiler then knows to be warp-uniform, so that warps 1-7 branch past the copy block.
+    const bool copying_warp = __shfl_sync(0xffffffffu, warp, 0) == 0;
     const int nk = p.k / kStageK;
     const size_t stripe_bytes = static_cast<size_t>(nk) * kStageBytes;
     const uint8_t* wsrc = p.weights + (static_cast<size_t>(blk.x) * p.stripes + stripe0) * stripe_bytes;
@@ -251,7 +251,7 @@ __device__ void run_unit(const GemmParams& p, const Unit& u, uint8_t* ring, Unit
     }
 
     // The weight prologue depends only on the expert: it streams while the unit's token list is read.
-    if (warp_uniform == 0 && elect_one_lane()) {
+    if (copying_warp && elect_one_lane()) {
 #pragma unroll
         for (int s = 0; s < kStages - 1; ++s) {
             if (s < nk) bulk_load_weights(ring + s * kSlotBytes, wsrc + static_cast<size_t>(s) * kStageBytes, S,
@@ -293,7 +293,7 @@ __device__ void run_unit(const GemmParams& p, const Unit& u, uint8_t* ring, Unit
         cta.phase_bits ^= 1u << cur;
         __syncthreads();  // every thread's activation chunks landed; the slot refilled below is free
         if (ks + kStages - 1 < nk) {
-            if (warp_uniform == 0 && elect_one_lane()) {
+            if (copying_warp && elect_one_lane()) {
                 bulk_load_weights(ring + refill * kSlotBytes, wsrc + refill_offset, S, stripe_bytes, &us.full[refill]);
             }
             load_act(ks + kStages - 1, refill);
@@ -582,24 +582,19 @@ Workspace carve_workspace(void* base, int experts, int hidden, int inter, int to
     return ws;
 }
 
-// Shared-memory opt-in and resident CTAs per SM of one GEMM instance.
+// Resident CTAs per SM of one GEMM instance (opting it in to the ring's shared memory).
 template <bool kGateUp, bool kAlignInCta>
-cudaError_t configure_instance(int* per_sm) {
-    static std::atomic<uint64_t> configured{0};
-    DDTREE_RETURN_IF_ERROR(opt_in_smem(moe_gemm_kernel<kGateUp, kAlignInCta>, kRingBytes, configured));
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, moe_gemm_kernel<kGateUp, kAlignInCta>, kThreads,
-                                                         kRingBytes);
+cudaError_t gemm_ctas_per_sm(int* per_sm) {
+    return resident_ctas_per_sm<moe_gemm_kernel<kGateUp, kAlignInCta>>(kThreads, kRingBytes, per_sm);
 }
 
 cudaError_t configure(int* gemm_ctas) {
     int per_sm[4] = {};
-    DDTREE_RETURN_IF_ERROR((configure_instance<true, false>(&per_sm[0])));
-    DDTREE_RETURN_IF_ERROR((configure_instance<false, false>(&per_sm[1])));
-    DDTREE_RETURN_IF_ERROR((configure_instance<true, true>(&per_sm[2])));
-    DDTREE_RETURN_IF_ERROR((configure_instance<false, true>(&per_sm[3])));
-    const int fewest = std::min({per_sm[0], per_sm[1], per_sm[2], per_sm[3]});
-    if (fewest < 1) return cudaErrorInvalidConfiguration;
-    *gemm_ctas = sm_count() * fewest;
+    DDTREE_RETURN_IF_ERROR((gemm_ctas_per_sm<true, false>(&per_sm[0])));
+    DDTREE_RETURN_IF_ERROR((gemm_ctas_per_sm<false, false>(&per_sm[1])));
+    DDTREE_RETURN_IF_ERROR((gemm_ctas_per_sm<true, true>(&per_sm[2])));
+    DDTREE_RETURN_IF_ERROR((gemm_ctas_per_sm<false, true>(&per_sm[3])));
+    *gemm_ctas = sm_count() * std::min({per_sm[0], per_sm[1], per_sm[2], per_sm[3]});
     return cudaSuccess;
 }
 

@@ -21,6 +21,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "common.cuh"
 
@@ -100,12 +101,60 @@ __host__ __device__ inline uint32_t repacked_word(int word, int ks, RowWords row
     return v;
 }
 
-inline size_t w13_bytes_per_expert(int hidden, int inter) {
-    return static_cast<size_t>(2 * inter / kStripeRows) * (hidden / kStageK) * kStageBytes;
+// One repacked matrix of a layer: w13 (gate_up: gate and up rows, reduced over hidden) or w2 (down rows, reduced
+// over inter). Its sizes and checkpoint rows follow from (hidden, inter) alone.
+struct StripedMatrix {
+    bool gate_up;
+    int hidden, inter;
+
+    __host__ __device__ int stripes() const { return (gate_up ? 2 * inter : hidden) / kStripeRows; }
+    __host__ __device__ int cols() const { return gate_up ? hidden : inter; }  // reduction length
+    __host__ __device__ size_t stripe_bytes() const { return static_cast<size_t>(cols() / kStageK) * kStageBytes; }
+    __host__ __device__ size_t expert_bytes() const { return stripe_bytes() * stripes(); }
+    __host__ __device__ size_t stage_offset(int expert, int stripe, int ks) const {
+        return expert * expert_bytes() + stripe * stripe_bytes() + static_cast<size_t>(ks) * kStageBytes;
+    }
+    __host__ __device__ int row(int stripe, int tile_row) const {
+        return checkpoint_row(gate_up, inter, stripe, tile_row);
+    }
+    // Packed words and scales of the checkpoint row behind a tile row. w13: `first` is gate, `second` up, both
+    // [experts, inter, ...]; w2: `first` is down [experts, hidden, ...] (`second` unused).
+    __host__ __device__ PackedProjection source_row(PackedProjection first, PackedProjection second, int expert,
+                                                    int stripe, int tile_row) const {
+        const int r = row(stripe, tile_row);
+        const bool in_first = !gate_up || r < inter;
+        const size_t at = static_cast<size_t>(expert) * (gate_up ? inter : hidden) + (in_first ? r : r - inter);
+        const PackedProjection& p = in_first ? first : second;
+        return {p.packed + at * (cols() / 8), p.scale + at * (cols() / kGroup)};
+    }
+};
+
+// Stores `v` at byte address `at`: as one store on the device, whose stages start 16-byte aligned in its own
+// allocation; through memcpy on the host, which may write into any caller's buffer.
+template <typename T>
+__host__ __device__ inline void store_bytes(uint8_t* at, T v) {
+#if defined(__CUDA_ARCH__)
+    *reinterpret_cast<T*>(at) = v;
+#else
+    std::memcpy(at, &v, sizeof(T));
+#endif
 }
-inline size_t w2_bytes_per_expert(int hidden, int inter) {
-    return static_cast<size_t>(hidden / kStripeRows) * (inter / kStageK) * kStageBytes;
+
+// Writes stage `ks` of a stripe (weight words, then scales) from the checkpoint rows of its tile rows. Items
+// first, first + step, ..., so that one host thread (0, 1) or the threads of a CTA (thread, threads) write it.
+__host__ __device__ inline void write_stage(uint8_t* stage, int ks, const PackedProjection* rows, int first,
+                                            int step) {
+    for (int word = first; word < kStageWords; word += step) {
+        store_bytes(stage + word * 4, repacked_word(word, ks, [&](int tile_row) { return rows[tile_row].packed; }));
+    }
+    for (int i = first; i < kStageScales; i += step) {
+        const LayoutSlot slot = scale_slot(i);
+        store_bytes(stage + kStageWeightBytes + i * 2, rows[slot.tile_row].scale[ks * (kStageK / kGroup) + slot.col]);
+    }
 }
+
+inline size_t w13_bytes_per_expert(int hidden, int inter) { return StripedMatrix{true, hidden, inter}.expert_bytes(); }
+inline size_t w2_bytes_per_expert(int hidden, int inter) { return StripedMatrix{false, hidden, inter}.expert_bytes(); }
 inline int max_blocks(int experts, int max_pairs) { return experts + max_pairs / kBlockTokens + 1; }
 
 // Scratch of one fused call, sized for max_tokens at creation (see workspace_bytes).

@@ -2,6 +2,7 @@
 #include <cooperative_groups.h>
 
 #include <cmath>
+#include <limits>
 
 #include "sample.cuh"
 
@@ -16,14 +17,18 @@ constexpr int kThreads = 512;
 // how the vocabulary is cut never changes the token.
 constexpr int kRowCtas = 8;
 
-__global__ void __launch_bounds__(kThreads)
+// One cluster per row along the grid's x dimension (2^31 - 1 CTAs; y would hold only 65535 rows).
+__global__ void __cluster_dims__(kRowCtas, 1, 1) __launch_bounds__(kThreads)
     sample_kernel(int32_t* tokens, const float* logits, int64_t ld, int vocab, const float* temperature,
                   const unsigned long long* seed, const int32_t* stream_ids, const int32_t* positions) {
     __shared__ Best warp_bests[kThreads / 32];
-    __shared__ Best cta_best;
+    __shared__ Best cta_bests[kRowCtas];  // rank 0's copy gathers every CTA's best, in rank order
+    // Each CTA writes its best into rank 0's shared memory, which needs rank 0 to have started: arrive here, wait
+    // just before the write, so the scan of the vocabulary hides the wait.
+    __cluster_barrier_arrive_relaxed();
     dependent_kernel_start();
     const cg::cluster_group cluster = cg::this_cluster();
-    const int row = blockIdx.y;
+    const int row = blockIdx.x / kRowCtas;
     const int part = static_cast<int>(cluster.block_rank());
     const int per_part = (vocab + kRowCtas - 1) / kRowCtas;
     const int end = min(vocab, (part + 1) * per_part);
@@ -46,17 +51,19 @@ __global__ void __launch_bounds__(kThreads)
     best = warp_best(best);
     if (threadIdx.x % 32 == 0) warp_bests[threadIdx.x / 32] = best;
     __syncthreads();
+    cluster.barrier_wait();  // every CTA of the cluster, rank 0 with them, has started
     if (threadIdx.x == 0) {
         for (int w = 1; w < kThreads / 32; ++w) best = better(best, warp_bests[w]);
-        cta_best = best;
+        cluster.map_shared_rank(cta_bests, 0)[part] = best;
     }
-    cluster.sync();  // every CTA's best is in its shared memory
+    // Every CTA's best is in rank 0's shared memory; the others may exit, as no CTA reads theirs.
+    cluster.sync();
     if (part == 0 && threadIdx.x == 0) {
-        for (int r = 1; r < kRowCtas; ++r) best = better(best, *cluster.map_shared_rank(&cta_best, r));
+        best = cta_bests[0];
+        for (int r = 1; r < kRowCtas; ++r) best = better(best, cta_bests[r]);
         // A row of NaNs leaves no maximum; token 0 keeps the id in range.
         tokens[row] = best.index < vocab ? best.index : 0;
     }
-    cluster.sync();  // the other CTAs' shared memory stays alive until rank 0 has read it
 }
 
 __global__ void advance_kernel(int32_t* ids, int32_t* positions, int32_t* kv_len, int32_t* slots,
@@ -84,14 +91,14 @@ __global__ void advance_kernel(int32_t* ids, int32_t* positions, int32_t* kv_len
 cudaError_t sample_tokens(int32_t* tokens, const float* logits, int64_t ld, int rows, int vocab,
                           const float* temperature, const unsigned long long* seed, const int32_t* stream_ids,
                           const int32_t* positions, cudaStream_t stream) {
-    if (rows < 0 || rows > 65535 || vocab <= 0 || ld < vocab) {  // rows are the grid's y dimension
+    if (rows < 0 || rows > std::numeric_limits<int>::max() / kRowCtas || vocab <= 0 || ld < vocab) {
         return cudaErrorInvalidValue;
     }
     if (rows == 0) {
         return cudaSuccess;
     }
-    return launch_dependent_clusters(sample_kernel, dim3(kRowCtas, rows), dim3(kThreads), kRowCtas, 0, stream,
-                                     tokens, logits, ld, vocab, temperature, seed, stream_ids, positions);
+    return launch_dependent(sample_kernel, dim3(rows * kRowCtas), dim3(kThreads), 0, stream, tokens, logits, ld,
+                            vocab, temperature, seed, stream_ids, positions);
 }
 
 cudaError_t advance_decode(int32_t* ids, int32_t* positions, int32_t* kv_len, int32_t* slots, const int32_t* kv_start,

@@ -11,7 +11,8 @@
 
 namespace ddtree::kernels {
 
-// temperature and seed live in device memory so a captured graph picks up new values on replay. rows <= 65535.
+// temperature and seed live in device memory so a captured graph picks up new values on replay. Each row takes 8
+// CTAs of the grid's x dimension: rows <= INT_MAX / 8.
 cudaError_t sample_tokens(int32_t* tokens, const float* logits, int64_t ld, int rows, int vocab,
                           const float* temperature, const unsigned long long* seed, const int32_t* stream_ids,
                           const int32_t* positions, cudaStream_t stream);

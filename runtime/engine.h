@@ -98,7 +98,7 @@ class Engine {
     // doubling of a stream's context), and at most max_context. CTAs past a row's length exit at once, but a grid
     // sized by max_context launched thousands of them per layer when max_context was long and the contexts short.
     int attention_span(const std::vector<int32_t>& positions, int ahead) const;
-    // The decode step of `n` streams whose rows stay within `span` keys, captured on first use.
+    // The decode step of `n` streams whose rows stay within `span` keys, captured on first use of its chunk bound.
     Graph& decode_graph(int n, int span);
     void check_rows(const std::vector<int32_t>& streams, const std::vector<int32_t>& positions) const;
     // Latent KV rows of one layer (a stream's rows are max_context apart), and bf16 elements of every layer's cache.
@@ -131,7 +131,7 @@ class Engine {
     float* rope_device_ = nullptr;  // inv_freq table
     unsigned long long* seed_ = nullptr;
     RowBuffers eager_rows_, decode_rows_;
-    std::map<std::pair<int, int>, Graph> graphs_;  // (streams, attention span)
+    std::map<std::pair<int, int>, Graph> graphs_;  // (streams, attention chunk bound)
 };
 
 }  // namespace ddtree

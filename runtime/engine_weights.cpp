@@ -242,10 +242,9 @@ void Weights::upload_expert(int layer, int expert, const int32_t* gate_packed, c
         };
         const auto gate = stage(gate_packed, gate_scale), up = stage(up_packed, up_scale);
         const auto down = stage(down_packed, down_scale);
-        CUDA_CHECK(k::moe::repack_w13_on_device(w.marlin->w13() + expert * w.marlin->w13_bytes_per_expert(), gate,
-                                                up, 1, d.hidden, d.moe_inter, stream_));
-        CUDA_CHECK(k::moe::repack_w2_on_device(w.marlin->w2() + expert * w.marlin->w2_bytes_per_expert(), down, 1,
-                                               d.hidden, d.moe_inter, stream_));
+        const MoeLayer::ExpertStripes dst = w.marlin->expert_stripes(expert);
+        CUDA_CHECK(k::moe::repack_w13_on_device(dst.w13, gate, up, 1, d.hidden, d.moe_inter, stream_));
+        CUDA_CHECK(k::moe::repack_w2_on_device(dst.w2, down, 1, d.hidden, d.moe_inter, stream_));
     } else {
         auto copy = [&](const void* dst_base, const void* src, size_t bytes) {
             CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(const_cast<void*>(dst_base)) + bytes * expert, src,

@@ -71,16 +71,24 @@ MoeLayer::~MoeLayer() {
 size_t MoeLayer::w13_bytes_per_expert() const { return k::w13_bytes_per_expert(shape_.hidden, shape_.inter); }
 size_t MoeLayer::w2_bytes_per_expert() const { return k::w2_bytes_per_expert(shape_.hidden, shape_.inter); }
 
+MoeLayer::ExpertStripes MoeLayer::expert_stripes(int expert) const {
+    if (expert < 0 || expert >= shape_.experts) {
+        throw std::out_of_range("expert " + std::to_string(expert) + " outside the layer's 0.." +
+                                std::to_string(shape_.experts - 1));
+    }
+    return {w13_ + expert * w13_bytes_per_expert(), w2_ + expert * w2_bytes_per_expert()};
+}
+
 void MoeLayer::set_experts(int first, int count, const void* w13, const void* w2, cudaStream_t stream) {
     if (first < 0 || count < 0 || first + count > shape_.experts) {
         throw std::out_of_range("experts " + std::to_string(first) + ".." + std::to_string(first + count - 1) +
                                 " outside the layer's 0.." + std::to_string(shape_.experts - 1));
     }
+    if (count == 0) return;  // `first` may then be one past the last expert
+    const ExpertStripes dst = expert_stripes(first);
     CUDA_CHECK(cudaSetDevice(device_));
-    CUDA_CHECK(cudaMemcpyAsync(w13_ + first * w13_bytes_per_expert(), w13, count * w13_bytes_per_expert(),
-                               cudaMemcpyDefault, stream));
-    CUDA_CHECK(cudaMemcpyAsync(w2_ + first * w2_bytes_per_expert(), w2, count * w2_bytes_per_expert(),
-                               cudaMemcpyDefault, stream));
+    CUDA_CHECK(cudaMemcpyAsync(dst.w13, w13, count * w13_bytes_per_expert(), cudaMemcpyDefault, stream));
+    CUDA_CHECK(cudaMemcpyAsync(dst.w2, w2, count * w2_bytes_per_expert(), cudaMemcpyDefault, stream));
 }
 
 void MoeLayer::forward(const __nv_bfloat16* hidden_states, const int32_t* topk_ids, const float* topk_weights,

@@ -60,6 +60,13 @@ class MoeLayer {
     size_t w2_bytes_per_expert() const;
     uint8_t* w13() const { return w13_; }  // [experts, w13_bytes_per_expert]
     uint8_t* w2() const { return w2_; }    // [experts, w2_bytes_per_expert]
+    // Where one expert's repacked stripes (weights and their scales) live in w13() and w2().
+    struct ExpertStripes {
+        uint8_t* w13;  // w13_bytes_per_expert bytes
+        uint8_t* w2;   // w2_bytes_per_expert bytes
+    };
+    // Throws std::out_of_range unless 0 <= expert < experts.
+    ExpertStripes expert_stripes(int expert) const;
 
     // Copies `count` experts' repacked bytes (host or device memory) into slots first..first+count-1.
     void set_experts(int first, int count, const void* w13, const void* w2, cudaStream_t stream);

@@ -15,18 +15,6 @@ namespace {
 
 namespace k = ddtree::kernels::moe;
 
-// Geometry of one repacked matrix: `stripes` stripes of kStripeRows tile rows over `cols` reduction inputs.
-struct Geometry {
-    int stripes;
-    int cols;
-    bool gate_up;
-    int inter;
-
-    int row(int stripe, int tile_row) const { return k::checkpoint_row(gate_up, inter, stripe, tile_row); }
-    size_t stripe_bytes() const { return static_cast<size_t>(cols / k::kStageK) * k::kStageBytes; }
-    size_t expert_bytes() const { return stripe_bytes() * stripes; }
-};
-
 // Runs fn(expert, stripe) over all pairs on every host core.
 void parallel_stripes(int experts, int stripes, const std::function<void(int, int)>& fn) {
     const long total = static_cast<long>(experts) * stripes;
@@ -48,44 +36,32 @@ void parallel_stripes(int experts, int stripes, const std::function<void(int, in
     }
 }
 
-// source(expert, row) -> (packed row, scale row) in the checkpoint.
-using RowSource = std::function<PackedProjection(int expert, int row)>;
-
-void repack(const Geometry& geo, int experts, const RowSource& source, uint8_t* out) {
-    parallel_stripes(experts, geo.stripes, [&](int e, int s) {
-        uint8_t* stripe_out = out + e * geo.expert_bytes() + s * geo.stripe_bytes();
+// `first` and `second`: the checkpoint projections behind the matrix (see StripedMatrix::source_row).
+void repack(const k::StripedMatrix& matrix, int experts, PackedProjection first, PackedProjection second,
+            uint8_t* out) {
+    parallel_stripes(experts, matrix.stripes(), [&](int e, int s) {
         PackedProjection rows[k::kStripeRows];
-        for (int r = 0; r < k::kStripeRows; ++r) rows[r] = source(e, geo.row(s, r));
-        for (int ks = 0; ks < geo.cols / k::kStageK; ++ks) {
-            uint8_t* stage = stripe_out + static_cast<size_t>(ks) * k::kStageBytes;
-            for (int word = 0; word < k::kStageWords; ++word) {
-                const uint32_t v = k::repacked_word(word, ks, [&](int tile_row) { return rows[tile_row].packed; });
-                std::memcpy(stage + word * 4, &v, 4);
-            }
-            for (int i = 0; i < k::kStageScales; ++i) {
-                const k::LayoutSlot slot = k::scale_slot(i);
-                const uint16_t sc = rows[slot.tile_row].scale[ks * (k::kStageK / k::kGroup) + slot.col];
-                std::memcpy(stage + k::kStageWeightBytes + i * 2, &sc, 2);
-            }
+        for (int r = 0; r < k::kStripeRows; ++r) rows[r] = matrix.source_row(first, second, e, s, r);
+        for (int ks = 0; ks < matrix.cols() / k::kStageK; ++ks) {
+            k::write_stage(out + matrix.stage_offset(e, s, ks), ks, rows, 0, 1);
         }
     });
 }
 
-void unpack(const Geometry& geo, int experts, const uint8_t* repacked, uint8_t* q, uint16_t* scale) {
-    const int rows = geo.stripes * k::kStripeRows, cols = geo.cols, groups = cols / k::kGroup;
+void unpack(const k::StripedMatrix& matrix, int experts, const uint8_t* repacked, uint8_t* q, uint16_t* scale) {
+    const int rows = matrix.stripes() * k::kStripeRows, cols = matrix.cols(), groups = cols / k::kGroup;
     // Every slot is written exactly once when the layout is a bijection; 0xFF / 0xFFFF marks "not yet".
     std::memset(q, 0xFF, static_cast<size_t>(experts) * rows * cols);
     std::vector<uint8_t> scale_hit(static_cast<size_t>(experts) * rows * groups, 0);
-    parallel_stripes(experts, geo.stripes, [&](int e, int s) {
-        const uint8_t* stripe_in = repacked + e * geo.expert_bytes() + s * geo.stripe_bytes();
+    parallel_stripes(experts, matrix.stripes(), [&](int e, int s) {
         for (int ks = 0; ks < cols / k::kStageK; ++ks) {
-            const uint8_t* stage = stripe_in + static_cast<size_t>(ks) * k::kStageBytes;
+            const uint8_t* stage = repacked + matrix.stage_offset(e, s, ks);
             for (int word = 0; word < k::kStageWords; ++word) {
                 uint32_t v;
                 std::memcpy(&v, stage + word * 4, 4);
                 for (int nib = 0; nib < 8; ++nib) {
                     const k::LayoutSlot slot = k::weight_slot(word, nib);
-                    const size_t at = (static_cast<size_t>(e) * rows + geo.row(s, slot.tile_row)) * cols +
+                    const size_t at = (static_cast<size_t>(e) * rows + matrix.row(s, slot.tile_row)) * cols +
                                       ks * k::kStageK + slot.col;
                     if (q[at] != 0xFF) throw std::runtime_error("repacked weight element hit twice at " + std::to_string(at));
                     q[at] = static_cast<uint8_t>((v >> (4 * nib)) & 0xFu);
@@ -93,7 +69,7 @@ void unpack(const Geometry& geo, int experts, const uint8_t* repacked, uint8_t* 
             }
             for (int i = 0; i < k::kStageScales; ++i) {
                 const k::LayoutSlot slot = k::scale_slot(i);
-                const size_t at = (static_cast<size_t>(e) * rows + geo.row(s, slot.tile_row)) * groups +
+                const size_t at = (static_cast<size_t>(e) * rows + matrix.row(s, slot.tile_row)) * groups +
                                   ks * (k::kStageK / k::kGroup) + slot.col;
                 if (scale_hit[at]++) throw std::runtime_error("repacked scale hit twice at " + std::to_string(at));
                 std::memcpy(&scale[at], stage + k::kStageWeightBytes + i * 2, 2);
@@ -107,9 +83,6 @@ void unpack(const Geometry& geo, int experts, const uint8_t* repacked, uint8_t* 
         if (!scale_hit[i]) throw std::runtime_error("repacked scale never written at " + std::to_string(i));
     }
 }
-
-Geometry w13_geometry(int hidden, int inter) { return {2 * inter / k::kStripeRows, hidden, true, inter}; }
-Geometry w2_geometry(int hidden, int inter) { return {hidden / k::kStripeRows, inter, false, inter}; }
 
 }  // namespace
 
@@ -132,31 +105,22 @@ size_t repacked_w2_bytes(int hidden, int inter) {
 
 void repack_w13(PackedProjection gate, PackedProjection up, int experts, int hidden, int inter, uint8_t* out) {
     check_moe_shape(hidden, inter);
-    const size_t words = hidden / 8, groups = hidden / k::kGroup;
-    repack(w13_geometry(hidden, inter), experts, [&](int e, int row) {
-        const PackedProjection& src = row < inter ? gate : up;
-        const size_t r = static_cast<size_t>(e) * inter + (row < inter ? row : row - inter);
-        return PackedProjection{src.packed + r * words, src.scale + r * groups};
-    }, out);
+    repack(k::StripedMatrix{true, hidden, inter}, experts, gate, up, out);
 }
 
 void repack_w2(PackedProjection down, int experts, int hidden, int inter, uint8_t* out) {
     check_moe_shape(hidden, inter);
-    const size_t words = inter / 8, groups = inter / k::kGroup;
-    repack(w2_geometry(hidden, inter), experts, [&](int e, int row) {
-        const size_t r = static_cast<size_t>(e) * hidden + row;
-        return PackedProjection{down.packed + r * words, down.scale + r * groups};
-    }, out);
+    repack(k::StripedMatrix{false, hidden, inter}, experts, down, down, out);
 }
 
 void unpack_w13(const uint8_t* repacked, int experts, int hidden, int inter, uint8_t* q, uint16_t* scale) {
     check_moe_shape(hidden, inter);
-    unpack(w13_geometry(hidden, inter), experts, repacked, q, scale);
+    unpack(k::StripedMatrix{true, hidden, inter}, experts, repacked, q, scale);
 }
 
 void unpack_w2(const uint8_t* repacked, int experts, int hidden, int inter, uint8_t* q, uint16_t* scale) {
     check_moe_shape(hidden, inter);
-    unpack(w2_geometry(hidden, inter), experts, repacked, q, scale);
+    unpack(k::StripedMatrix{false, hidden, inter}, experts, repacked, q, scale);
 }
 
 }  // namespace ddtree::moe

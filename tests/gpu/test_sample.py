@@ -20,7 +20,8 @@ def _sample(logits: torch.Tensor, temperature: float, seed: int, streams: torch.
     return tokens
 
 
-@pytest.mark.parametrize("rows,vocab", [(1, 163840), (17, 512), (3, 32000), (2, 7)])
+# 70000 rows: more than a grid's y dimension holds (the row clusters lie along x).
+@pytest.mark.parametrize("rows,vocab", [(1, 163840), (17, 512), (3, 32000), (2, 7), (70000, 5)])
 def test_greedy_is_argmax_lowest_on_ties(rows: int, vocab: int) -> None:
     g = torch.Generator(device="cuda").manual_seed(vocab)
     logits = torch.randn(rows, vocab, device="cuda", generator=g)
