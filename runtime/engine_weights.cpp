@@ -29,107 +29,98 @@ bool Weights::marlin_supported(const ModelDims& d) {
 }
 
 size_t Weights::planned_bytes(const ModelDims& d, int max_tokens) {
-    const size_t h = d.hidden;
-    size_t elems = 2 * static_cast<size_t>(d.vocab) * h + h;
-    for (int l = 0; l < d.layers; ++l) {
-        elems += 2 * h + static_cast<size_t>(d.qkv_a()) * h + d.q_lora + d.kv_lora;
-        elems += static_cast<size_t>(d.heads) * d.qk() * d.q_lora;
-        elems += static_cast<size_t>(d.heads) * (d.nope + d.v) * d.kv_lora + static_cast<size_t>(d.heads) * d.kv_lora * d.nope;
-        elems += h * d.heads * d.v;
-        const size_t mlp = d.is_moe(l) ? d.shared_inter : d.inter;
-        elems += 3 * mlp * h;
-        if (d.is_moe(l)) {
-            elems += static_cast<size_t>(d.experts) * h + 2 * d.experts;  // router + fp32 bias
-        }
-    }
-    size_t bytes = elems * 2;
-    const int moe_layers = d.layers - d.first_dense;
-    if (moe_layers > 0) {
-        const ExpertProjectionBytes plain = expert_projection_bytes(d);
-        const bool marlin = marlin_supported(d);
-        const size_t per_layer = marlin ? d.experts * (k::moe::w13_bytes_per_expert(d.hidden, d.moe_inter) +
-                                                       k::moe::w2_bytes_per_expert(d.hidden, d.moe_inter))
-                                        : d.experts * 3 * (plain.packed + plain.scales);
-        bytes += per_layer * moe_layers;
-        if (marlin) {  // one workspace, shared by the layers
-            bytes += k::moe::workspace_bytes(d.experts, d.hidden, d.moe_inter, d.topk, max_tokens);
-        }
-    }
-    return bytes;
+    const Weights plan(d, max_tokens);
+    return plan.planned_bytes_;
 }
 
 Weights::Weights(const ModelDims& d, int device, int max_tokens, cudaStream_t stream)
     : layers(d.layers), dims_(d), device_(device), stream_(stream), gate_stage_(d.layers), up_stage_(d.layers) {
     try {
-        const size_t h = d.hidden;
-        embed = alloc_bf16(d.vocab * h);
-        final_norm = alloc_bf16(h);
-        lm_head = alloc_bf16(d.vocab * h);
-        add("model.embed_tokens.weight", embed, d.vocab * h * 2);
-        add("model.norm.weight", final_norm, h * 2);
-        add("lm_head.weight", lm_head, d.vocab * h * 2);
-        std::shared_ptr<const MoeWorkspace> moe_workspace;  // one for every fused MoE layer (they run in turn)
-        for (int l = 0; l < d.layers; ++l) {
-            LayerWeights& w = layers[l];
-            w.input_norm = alloc_bf16(h);
-            w.post_norm = alloc_bf16(h);
-            w.qkv_a = alloc_bf16(static_cast<size_t>(d.qkv_a()) * h);
-            w.q_a_norm = alloc_bf16(d.q_lora);
-            w.kv_a_norm = alloc_bf16(d.kv_lora);
-            w.q_b = alloc_bf16(static_cast<size_t>(d.heads) * d.qk() * d.q_lora);
-            w.kv_b = alloc_bf16(static_cast<size_t>(d.heads) * (d.nope + d.v) * d.kv_lora);
-            w.w_uk_t = alloc_bf16(static_cast<size_t>(d.heads) * d.kv_lora * d.nope);
-            w.o_proj = alloc_bf16(h * d.heads * d.v);
-            add(layer_name(l, "input_layernorm.weight"), w.input_norm, h * 2);
-            add(layer_name(l, "post_attention_layernorm.weight"), w.post_norm, h * 2);
-            add(layer_name(l, "self_attn.q_a_proj.weight"), w.qkv_a, d.q_lora * h * 2);
-            add(layer_name(l, "self_attn.kv_a_proj_with_mqa.weight"), w.qkv_a + d.q_lora * h,
-                (d.kv_lora + d.rope) * h * 2);
-            add(layer_name(l, "self_attn.q_a_layernorm.weight"), w.q_a_norm, d.q_lora * 2);
-            add(layer_name(l, "self_attn.kv_a_layernorm.weight"), w.kv_a_norm, d.kv_lora * 2);
-            add(layer_name(l, "self_attn.q_b_proj.weight"), w.q_b, static_cast<size_t>(d.heads) * d.qk() * d.q_lora * 2);
-            add(layer_name(l, "self_attn.kv_b_proj.weight"), w.kv_b,
-                static_cast<size_t>(d.heads) * (d.nope + d.v) * d.kv_lora * 2, Kind::kKvB, l);
-            add(layer_name(l, "self_attn.o_proj.weight"), w.o_proj, h * d.heads * d.v * 2);
-            const bool moe = d.is_moe(l);
-            const size_t mlp = moe ? d.shared_inter : d.inter;
-            const std::string prefix = moe ? "mlp.shared_experts." : "mlp.";
-            w.gate_up = alloc_bf16(2 * mlp * h);
-            w.down = alloc_bf16(mlp * h);
-            add(layer_name(l, (prefix + "gate_proj.weight").c_str()), w.gate_up, mlp * h * 2, Kind::kGate, l);
-            add(layer_name(l, (prefix + "up_proj.weight").c_str()), w.gate_up, mlp * h * 2, Kind::kUp, l);
-            add(layer_name(l, (prefix + "down_proj.weight").c_str()), w.down, mlp * h * 2);
-            if (!moe) {
-                continue;
-            }
-            w.router = alloc_bf16(static_cast<size_t>(d.experts) * h);
-            w.router_bias = static_cast<float*>(alloc_bytes(d.experts * sizeof(float)));
-            add(layer_name(l, "mlp.gate.weight"), w.router, d.experts * h * 2);
-            add(layer_name(l, "mlp.gate.e_score_correction_bias"), w.router_bias, d.experts * 4);
-            w.expert_uploaded.assign(d.experts, false);
-            experts_missing_ += d.experts;
-            if (marlin_supported(d)) {
-                const MoeLayerShape shape{d.experts, d.hidden, d.moe_inter, d.topk, max_tokens,
-                                          d.routed_scaling_factor};
-                if (moe_workspace == nullptr) moe_workspace = std::make_shared<const MoeWorkspace>(shape, device);
-                w.marlin = std::make_unique<MoeLayer>(shape, device, moe_workspace);
-            } else {
-                const ExpertProjectionBytes one = expert_projection_bytes(d);
-                const size_t packed = one.packed * d.experts, scales = one.scales * d.experts;
-                auto scale_buffer = [&] { return static_cast<k::bf16*>(alloc_bytes(scales)); };
-                w.plain = k::Int4Experts{static_cast<int32_t*>(alloc_bytes(packed)), scale_buffer(),
-                                         static_cast<int32_t*>(alloc_bytes(packed)), scale_buffer(),
-                                         static_cast<int32_t*>(alloc_bytes(packed)), scale_buffer(),
-                                         d.hidden, d.moe_inter};
-            }
-        }
+        lay_out(max_tokens);
     } catch (...) {
         for (void* p : allocations_) cudaFree(p);
         throw;
     }
 }
 
+Weights::Weights(const ModelDims& d, int max_tokens)
+    : layers(d.layers), dims_(d), device_(-1), stream_(nullptr), counting_(true), gate_stage_(d.layers),
+      up_stage_(d.layers) {
+    lay_out(max_tokens);
+}
+
+void Weights::lay_out(int max_tokens) {
+    const ModelDims& d = dims_;
+    const size_t h = d.hidden;
+    embed = alloc_bf16(d.vocab * h);
+    final_norm = alloc_bf16(h);
+    lm_head = alloc_bf16(d.vocab * h);
+    add("model.embed_tokens.weight", embed, d.vocab * h * 2);
+    add("model.norm.weight", final_norm, h * 2);
+    add("lm_head.weight", lm_head, d.vocab * h * 2);
+    std::shared_ptr<const MoeWorkspace> moe_workspace;  // one for every fused MoE layer (they run in turn)
+    for (int l = 0; l < d.layers; ++l) {
+        LayerWeights& w = layers[l];
+        w.input_norm = alloc_bf16(h);
+        w.post_norm = alloc_bf16(h);
+        w.qkv_a = alloc_bf16(static_cast<size_t>(d.qkv_a()) * h);
+        w.q_a_norm = alloc_bf16(d.q_lora);
+        w.kv_a_norm = alloc_bf16(d.kv_lora);
+        w.q_b = alloc_bf16(static_cast<size_t>(d.heads) * d.qk() * d.q_lora);
+        w.kv_b = alloc_bf16(static_cast<size_t>(d.heads) * (d.nope + d.v) * d.kv_lora);
+        w.w_uk_t = alloc_bf16(static_cast<size_t>(d.heads) * d.kv_lora * d.nope);
+        w.o_proj = alloc_bf16(h * d.heads * d.v);
+        add(layer_name(l, "input_layernorm.weight"), w.input_norm, h * 2);
+        add(layer_name(l, "post_attention_layernorm.weight"), w.post_norm, h * 2);
+        add(layer_name(l, "self_attn.q_a_proj.weight"), w.qkv_a, d.q_lora * h * 2);
+        add(layer_name(l, "self_attn.kv_a_proj_with_mqa.weight"), w.qkv_a + d.q_lora * h,
+            (d.kv_lora + d.rope) * h * 2);
+        add(layer_name(l, "self_attn.q_a_layernorm.weight"), w.q_a_norm, d.q_lora * 2);
+        add(layer_name(l, "self_attn.kv_a_layernorm.weight"), w.kv_a_norm, d.kv_lora * 2);
+        add(layer_name(l, "self_attn.q_b_proj.weight"), w.q_b, static_cast<size_t>(d.heads) * d.qk() * d.q_lora * 2);
+        add(layer_name(l, "self_attn.kv_b_proj.weight"), w.kv_b,
+            static_cast<size_t>(d.heads) * (d.nope + d.v) * d.kv_lora * 2, Kind::kKvB, l);
+        add(layer_name(l, "self_attn.o_proj.weight"), w.o_proj, h * d.heads * d.v * 2);
+        const bool moe = d.is_moe(l);
+        const size_t mlp = moe ? d.shared_inter : d.inter;
+        const std::string prefix = moe ? "mlp.shared_experts." : "mlp.";
+        w.gate_up = alloc_bf16(2 * mlp * h);
+        w.down = alloc_bf16(mlp * h);
+        add(layer_name(l, (prefix + "gate_proj.weight").c_str()), w.gate_up, mlp * h * 2, Kind::kGate, l);
+        add(layer_name(l, (prefix + "up_proj.weight").c_str()), w.gate_up, mlp * h * 2, Kind::kUp, l);
+        add(layer_name(l, (prefix + "down_proj.weight").c_str()), w.down, mlp * h * 2);
+        if (!moe) {
+            continue;
+        }
+        w.router = alloc_bf16(static_cast<size_t>(d.experts) * h);
+        w.router_bias = static_cast<float*>(alloc_bytes(d.experts * sizeof(float)));
+        add(layer_name(l, "mlp.gate.weight"), w.router, d.experts * h * 2);
+        add(layer_name(l, "mlp.gate.e_score_correction_bias"), w.router_bias, d.experts * 4);
+        w.expert_uploaded.assign(d.experts, false);
+        experts_missing_ += d.experts;
+        if (marlin_supported(d)) {
+            const MoeLayerShape shape{d.experts, d.hidden, d.moe_inter, d.topk, max_tokens,
+                                      d.routed_scaling_factor};
+            if (counting_) {  // the first MoE layer's workspace is every layer's
+                planned_bytes_ += MoeLayer::weight_bytes(shape) + (l == d.first_dense ? MoeWorkspace::bytes(shape) : 0);
+            } else {
+                if (moe_workspace == nullptr) moe_workspace = std::make_shared<const MoeWorkspace>(shape, device_);
+                w.marlin = std::make_unique<MoeLayer>(shape, device_, moe_workspace);
+            }
+        } else {
+            const ExpertProjectionBytes one = expert_projection_bytes(d);
+            const size_t packed = one.packed * d.experts, scales = one.scales * d.experts;
+            auto scale_buffer = [&] { return static_cast<k::bf16*>(alloc_bytes(scales)); };
+            w.plain = k::Int4Experts{static_cast<int32_t*>(alloc_bytes(packed)), scale_buffer(),
+                                     static_cast<int32_t*>(alloc_bytes(packed)), scale_buffer(),
+                                     static_cast<int32_t*>(alloc_bytes(packed)), scale_buffer(),
+                                     d.hidden, d.moe_inter};
+        }
+    }
+}
+
 Weights::~Weights() {
+    if (counting_) return;
     for (void* p : allocations_) cudaFree(p);
     cudaFree(expert_stage_);
     for (int l = 0; l < dims_.layers; ++l) {
@@ -139,6 +130,10 @@ Weights::~Weights() {
 }
 
 void* Weights::alloc_bytes(size_t bytes) {
+    if (counting_) {
+        planned_bytes_ += bytes;
+        return nullptr;
+    }
     void* p = nullptr;
     CUDA_CHECK(cudaMalloc(&p, bytes));
     allocations_.push_back(p);
@@ -148,6 +143,7 @@ void* Weights::alloc_bytes(size_t bytes) {
 k::bf16* Weights::alloc_bf16(size_t count) { return static_cast<k::bf16*>(alloc_bytes(count * sizeof(k::bf16))); }
 
 void Weights::add(const std::string& name, void* dst, size_t bytes, Kind kind, int layer) {
+    if (counting_) return;
     slots_.emplace(name, Slot{dst, bytes, kind, layer});
 }
 

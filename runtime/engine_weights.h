@@ -59,7 +59,8 @@ class Weights {
     Weights(const Weights&) = delete;
     Weights& operator=(const Weights&) = delete;
 
-    // Device bytes the weights of `dims` take (the engine's memory pre-flight).
+    // Device bytes the weights of `dims` take (the engine's memory pre-flight): the constructor's own layout,
+    // walked without allocating, so the plan and the allocations never disagree.
     static size_t planned_bytes(const ModelDims& dims, int max_tokens);
     static bool marlin_supported(const ModelDims& dims);
     // Checkpoint bytes of one expert's projection (gate, up or down): packed 4-bit weights, bf16 group-32 scales.
@@ -92,6 +93,10 @@ class Weights {
         int layer;
         bool uploaded = false;
     };
+    // The plan: lays out `dims` with every allocation counted into planned_bytes_ and none made.
+    Weights(const ModelDims& dims, int max_tokens);
+    // Every weight buffer of the model, its upload slot, and each MoE layer's experts (allocated, or counted).
+    void lay_out(int max_tokens);
     kernels::bf16* alloc_bf16(size_t count);
     void* alloc_bytes(size_t bytes);
     void add(const std::string& name, void* dst, size_t bytes, Kind kind = Kind::kPlain, int layer = -1);
@@ -101,6 +106,8 @@ class Weights {
     ModelDims dims_;
     int device_;
     cudaStream_t stream_;
+    bool counting_ = false;     // a plan: allocations are counted, not made
+    size_t planned_bytes_ = 0;  // what a plan counted
     std::vector<void*> allocations_;
     std::map<std::string, Slot> slots_;
     std::vector<kernels::bf16*> gate_stage_, up_stage_;  // gate/up rows until both halves arrived

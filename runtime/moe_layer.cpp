@@ -68,6 +68,11 @@ MoeLayer::~MoeLayer() {
     cudaFree(w2_);
 }
 
+size_t MoeLayer::weight_bytes(const MoeLayerShape& shape) {
+    return (k::w13_bytes_per_expert(shape.hidden, shape.inter) + k::w2_bytes_per_expert(shape.hidden, shape.inter)) *
+           static_cast<size_t>(shape.experts);
+}
+
 size_t MoeLayer::w13_bytes_per_expert() const { return k::w13_bytes_per_expert(shape_.hidden, shape_.inter); }
 size_t MoeLayer::w2_bytes_per_expert() const { return k::w2_bytes_per_expert(shape_.hidden, shape_.inter); }
 

@@ -54,6 +54,8 @@ class MoeLayer {
     MoeLayer(const MoeLayer&) = delete;
     MoeLayer& operator=(const MoeLayer&) = delete;
 
+    // Device bytes of the repacked weights of `shape` (the workspace aside).
+    static size_t weight_bytes(const MoeLayerShape& shape);
     const MoeLayerShape& shape() const { return shape_; }
     int device() const { return device_; }
     size_t w13_bytes_per_expert() const;
