@@ -79,14 +79,6 @@ __host__ __device__ inline LayoutSlot scale_slot(int index) {
     const int warp = wg / 8, g = wg % 8;
     return {warp * 16 + g + 8 * hi, grp};
 }
-// Checkpoint row of a stripe's tile row: w2 rows in order; w13 gate row f (< inter) or up row inter + f.
-__host__ __device__ inline int checkpoint_row(bool gate_up, int inter, int stripe, int tile_row) {
-    if (!gate_up) return stripe * kStripeRows + tile_row;
-    const int warp = tile_row / 16, r = tile_row % 16;
-    const int f = stripe * (kStripeRows / 2) + warp * 8 + (r & 7);
-    return r < 8 ? f : inter + f;
-}
-
 // Weight word `word` of stage `ks` of a stripe, its nibbles gathered from the checkpoint: row_words(tile_row) is
 // that tile row's packed int32 row.
 template <typename RowWords>
@@ -114,8 +106,12 @@ struct StripedMatrix {
     __host__ __device__ size_t stage_offset(int expert, int stripe, int ks) const {
         return expert * expert_bytes() + stripe * stripe_bytes() + static_cast<size_t>(ks) * kStageBytes;
     }
+    // Checkpoint row of a stripe's tile row: w2 rows in order; w13 gate row f (< inter) or up row inter + f.
     __host__ __device__ int row(int stripe, int tile_row) const {
-        return checkpoint_row(gate_up, inter, stripe, tile_row);
+        if (!gate_up) return stripe * kStripeRows + tile_row;
+        const int warp = tile_row / 16, r = tile_row % 16;
+        const int f = stripe * (kStripeRows / 2) + warp * 8 + (r & 7);
+        return r < 8 ? f : inter + f;
     }
     // Packed words and scales of the checkpoint row behind a tile row. w13: `first` is gate, `second` up, both
     // [experts, inter, ...]; w2: `first` is down [experts, hidden, ...] (`second` unused).

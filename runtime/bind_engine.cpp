@@ -17,7 +17,6 @@ namespace nb = nanobind;
 namespace ddtree {
 namespace {
 
-
 template <typename T>
 T field(const nb::dict& d, const char* key) {
     if (!d.contains(key)) {

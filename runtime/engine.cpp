@@ -544,23 +544,20 @@ int Engine::attention_span(const std::vector<int32_t>& positions, int ahead) con
     const int longest = *std::max_element(positions.begin(), positions.end()) + ahead;
     int granule = k::kMlaShortChunk;  // a quarter of the power of two below `longest`, in whole chunks
     while (granule * 8 <= longest) granule *= 2;
-    return std::min((longest + granule - 1) / granule * granule, max_context_);
+    const int rounded = std::min((longest + granule - 1) / granule * granule, max_context_);
+    // The longest span of the same chunk bound launches the same grid, and the spans of one bound then share a graph.
+    return static_cast<int>(std::min<int64_t>(k::mla_longest_len(k::mla_max_chunks(rounded)), max_context_));
 }
 
 Engine::Graph& Engine::decode_graph(int n, int span) {
-    // The span reaches the step only as the attention's chunk bound, so the spans of one bound share a graph,
-    // captured for the longest of them: a decode from 4k to 8k keys captures one graph instead of five.
-    const int chunks = k::mla_max_chunks(span);
-    const std::pair<int, int> key{n, chunks};
-    auto it = graphs_.find(key);
+    auto it = graphs_.find({n, span});
     if (it != graphs_.end()) {
         return it->second;
     }
-    const int longest = static_cast<int>(std::min<int64_t>(k::mla_longest_len(chunks), max_context_));
     Graph g;
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
     try {
-        forward(decode_rows_, n, n, longest, nullptr, false);
+        forward(decode_rows_, n, n, span, nullptr, false);
         sample(decode_rows_, n);
         CUDA_CHECK(k::advance_decode(decode_rows_.ids, decode_rows_.positions, decode_rows_.kv_len, decode_rows_.slots,
                                      decode_rows_.kv_start, tokens_, history_, max_steps_, step_, n, stream_));
@@ -573,7 +570,7 @@ Engine::Graph& Engine::decode_graph(int n, int span) {
     }
     CUDA_CHECK(cudaStreamEndCapture(stream_, &g.graph));
     CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
-    return graphs_.emplace(key, g).first->second;
+    return graphs_.emplace(std::make_pair(n, span), g).first->second;
 }
 
 std::vector<std::vector<int32_t>> Engine::decode(const std::vector<int32_t>& first_tokens,

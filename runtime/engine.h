@@ -94,11 +94,12 @@ class Engine {
     void set_sampling(float temperature, uint64_t seed);
     void set_decode_state(const std::vector<int32_t>& ids, const std::vector<int32_t>& positions, int n);
     // The attention span for rows whose kv_len reaches at most longest = max(positions) + ahead: whole key chunks,
-    // rounded up to a quarter of the power of two below `longest` (at most 25% spare keys; four decode graphs per
-    // doubling of a stream's context), and at most max_context. CTAs past a row's length exit at once, but a grid
-    // sized by max_context launched thousands of them per layer when max_context was long and the contexts short.
+    // rounded up to a quarter of the power of two below `longest` (at most 25% spare keys), then to the longest
+    // length with as many chunks (mla_longest_len: 4097..8192 keys are one span), and at most max_context. Each
+    // span is one decode graph; CTAs past a row's length exit at once, but a grid sized by max_context launched
+    // thousands of them per layer when max_context was long and the contexts short.
     int attention_span(const std::vector<int32_t>& positions, int ahead) const;
-    // The decode step of `n` streams whose rows stay within `span` keys, captured on first use of its chunk bound.
+    // The decode step of `n` streams whose rows stay within `span` keys, captured on first use.
     Graph& decode_graph(int n, int span);
     void check_rows(const std::vector<int32_t>& streams, const std::vector<int32_t>& positions) const;
     // Latent KV rows of one layer (a stream's rows are max_context apart), and bf16 elements of every layer's cache.
@@ -131,7 +132,7 @@ class Engine {
     float* rope_device_ = nullptr;  // inv_freq table
     unsigned long long* seed_ = nullptr;
     RowBuffers eager_rows_, decode_rows_;
-    std::map<std::pair<int, int>, Graph> graphs_;  // (streams, attention chunk bound)
+    std::map<std::pair<int, int>, Graph> graphs_;  // (streams, attention span)
 };
 
 }  // namespace ddtree
