@@ -519,20 +519,13 @@ __global__ void __launch_bounds__(kCombineThreads)
 
 // One CTA per (stripe, expert); every lane expands exactly the fragments the GEMM would give it.
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(bf16* __restrict__ out, const uint8_t* __restrict__ w,
-                                                              int k, int stripes, bool gate_up, int inter) {
+                                                              StripedMatrix matrix) {
     const int stripe = blockIdx.x, expert = blockIdx.y;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int nk = k / kStageK;
-    const int rows = stripes * kStripeRows;
-    const uint8_t* src = w + (static_cast<size_t>(expert) * stripes + stripe) * nk * kStageBytes;
-    bf16* dst = out + static_cast<size_t>(expert) * rows * k;
-    auto out_row = [&](int r) {  // tile row -> checkpoint row
-        if (!gate_up) return stripe * kStripeRows + warp * 16 + r;
-        const int f = stripe * (kStripeRows / 2) + warp * 8 + (r & 7);
-        return r < 8 ? f : inter + f;
-    };
+    const int k = matrix.cols(), nk = k / kStageK;
+    bf16* dst = out + static_cast<size_t>(expert) * matrix.stripes() * kStripeRows * k;
     for (int ks = 0; ks < nk; ++ks) {
-        const uint8_t* stage = src + static_cast<size_t>(ks) * kStageBytes;
+        const uint8_t* stage = w + matrix.stage_offset(expert, stripe, ks);
         const uint4 sc = *reinterpret_cast<const uint4*>(stage + kStageWeightBytes + (warp * 8 + g) * 16);
         for (int half = 0; half < 2; ++half) {
             const uint4 wq = *reinterpret_cast<const uint4*>(stage + ((warp * 2 + half) * 32 + lane) * 16);
@@ -543,12 +536,19 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(bf16* __restrict__
                 dequant_k16(words[j], scale_pair(sc, group, false), scale_pair(sc, group, true), a);
                 const int kb = ks * kStageK + (half * 4 + j) * 16 + 2 * t;
                 for (int i = 0; i < 4; ++i) {
-                    const int r = g + 8 * (i & 1), kk = kb + 8 * (i >> 1);
-                    *reinterpret_cast<uint32_t*>(dst + static_cast<size_t>(out_row(r)) * k + kk) = a[i];
+                    const int row = matrix.row(stripe, warp * 16 + g + 8 * (i & 1)), kk = kb + 8 * (i >> 1);
+                    *reinterpret_cast<uint32_t*>(dst + static_cast<size_t>(row) * k + kk) = a[i];
                 }
             }
         }
     }
+}
+
+// The oracle over every stripe of every expert of `matrix`.
+cudaError_t dequantize(bf16* out, const uint8_t* w, StripedMatrix matrix, int experts, cudaStream_t stream) {
+    if (experts == 0) return cudaSuccess;
+    dequantize_kernel<<<dim3(matrix.stripes(), experts), kThreads, 0, stream>>>(out, w, matrix);
+    return cudaGetLastError();
 }
 
 // The workspace's one layout: buffers at 256-byte boundaries from `base` (null: offsets only). Returns the bytes.
@@ -642,17 +642,11 @@ cudaError_t moe_forward(const MoeArgs& a, const Workspace& ws, int gemm_ctas, cu
 }
 
 cudaError_t dequantize_w13(bf16* out, const uint8_t* w13, int experts, int hidden, int inter, cudaStream_t stream) {
-    if (experts == 0) return cudaSuccess;
-    dequantize_kernel<<<dim3(2 * inter / kStripeRows, experts), kThreads, 0, stream>>>(
-        out, w13, hidden, 2 * inter / kStripeRows, true, inter);
-    return cudaGetLastError();
+    return dequantize(out, w13, StripedMatrix{true, hidden, inter}, experts, stream);
 }
 
 cudaError_t dequantize_w2(bf16* out, const uint8_t* w2, int experts, int hidden, int inter, cudaStream_t stream) {
-    if (experts == 0) return cudaSuccess;
-    dequantize_kernel<<<dim3(hidden / kStripeRows, experts), kThreads, 0, stream>>>(out, w2, inter,
-                                                                                     hidden / kStripeRows, false, 0);
-    return cudaGetLastError();
+    return dequantize(out, w2, StripedMatrix{false, hidden, inter}, experts, stream);
 }
 
 }  // namespace ddtree::kernels::moe

@@ -35,13 +35,6 @@ ModelDims parse_dims(const nb::dict& d) {
                      field<float>(d, "rms_eps"), field<float>(d, "lora_eps"), field<float>(d, "softmax_scale")};
 }
 
-// The data of a host array after its dtype (T's, named `dtype`) and shape are checked, naming `name` otherwise.
-template <typename T>
-const T* host_data(const HostArray& a, const char* name, const char* dtype, std::initializer_list<int64_t> shape) {
-    check_host(a, name, a.dtype() == nb::dtype<T>(), dtype, shape);
-    return static_cast<const T*>(a.data());
-}
-
 }  // namespace
 
 void bind_engine_kernels(nb::module_& kernels);
@@ -78,8 +71,7 @@ void bind_engine(nb::module_& m) {
                 const int64_t inter = d.moe_inter, hidden = d.hidden;
                 auto projection = [](const HostArray& packed, const HostArray& scale, const char* packed_name,
                                      const char* scale_name, int64_t out, int64_t in) {
-                    return std::pair{host_data<int32_t>(packed, packed_name, "int32", {out, in / 8}),
-                                     host_data<uint16_t>(scale, scale_name, "uint16 (bf16 bits)", {out, in / 32})};
+                    return host_int4_projection(packed, scale, packed_name, scale_name, {out, in / 8}, {out, in / 32});
                 };
                 const auto [gp_p, gs_p] = projection(gp, gs, "gate_packed", "gate_scale", inter, hidden);
                 const auto [up_p, us_p] = projection(up, us, "up_packed", "up_scale", inter, hidden);

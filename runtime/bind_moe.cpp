@@ -27,18 +27,12 @@ namespace {
 template <typename T>
 using NumpyArray = nb::ndarray<nb::numpy, T>;
 
-bool is_bf16_bits(nb::dlpack::dtype d) {
-    return d == nb::dtype<uint16_t>() ||
-           d == nb::dlpack::dtype{static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
-}
-
 // A projection [E, rows, cols] in checkpoint format, checked; returns its packed words and scale bits.
 moe::PackedProjection projection(const HostArray& packed, const HostArray& scale, const char* packed_name,
                                  const char* scale_name, int64_t rows, int64_t cols, int64_t experts) {
-    check_host(packed, packed_name, packed.dtype() == nb::dtype<int32_t>(), "int32", {experts, rows, cols / 8});
-    check_host(scale, scale_name, is_bf16_bits(scale.dtype()), "uint16 (bf16 bits) or bfloat16",
-               {experts, rows, cols / 32});
-    return {static_cast<const int32_t*>(packed.data()), static_cast<const uint16_t*>(scale.data())};
+    const auto [words, scales] = host_int4_projection(packed, scale, packed_name, scale_name,
+                                                      {experts, rows, cols / 8}, {experts, rows, cols / 32});
+    return {words, scales};
 }
 
 struct ExpertDims {

@@ -66,6 +66,16 @@ void check_host(const HostArray& a, const char* name, bool dtype_ok, const char*
     check_shape(name, a.ndim(), a.shape_ptr(), shape);
 }
 
+std::pair<const int32_t*, const uint16_t*> host_int4_projection(const HostArray& packed, const HostArray& scale,
+                                                                const char* packed_name, const char* scale_name,
+                                                                std::initializer_list<int64_t> packed_shape,
+                                                                std::initializer_list<int64_t> scale_shape) {
+    const bool bf16_bits = scale.dtype() == nb::dtype<uint16_t>() || dtype_matches(scale.dtype(), DType::bf16);
+    check_host(packed, packed_name, packed.dtype() == nb::dtype<int32_t>(), "int32", packed_shape);
+    check_host(scale, scale_name, bf16_bits, "uint16 (bf16 bits) or bfloat16", scale_shape);
+    return {static_cast<const int32_t*>(packed.data()), static_cast<const uint16_t*>(scale.data())};
+}
+
 void check_shape(const char* name, size_t ndim, const int64_t* extents, std::initializer_list<int64_t> shape) {
     bool ok = ndim == shape.size();
     size_t i = 0;

@@ -29,6 +29,13 @@ void check_shape(const char* name, size_t ndim, const int64_t* extents, std::ini
 void check_host(const HostArray& a, const char* name, bool dtype_ok, const char* dtype,
                 std::initializer_list<int64_t> shape);
 
+// A compressed-tensors INT4 projection in host memory, checked by name: packed int32 words of `packed_shape` and
+// group scales of `scale_shape` as bf16 bits (uint16) or bfloat16. Returns (packed words, scale bits).
+std::pair<const int32_t*, const uint16_t*> host_int4_projection(const HostArray& packed, const HostArray& scale,
+                                                                const char* packed_name, const char* scale_name,
+                                                                std::initializer_list<int64_t> packed_shape,
+                                                                std::initializer_list<int64_t> scale_shape);
+
 // Checks device, dtype, rank and (where an extent is >= 0) each extent; returns the data pointer.
 void* checked_data(const CudaArray& array, const char* name, DType dtype, std::initializer_list<int64_t> shape);
 
