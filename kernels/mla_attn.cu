@@ -45,6 +45,7 @@ constexpr int kPvOwnBarrier = 1;     // + the P.V warpgroup's index (0, 1): that
 constexpr int kPReadyBarrier = 3;    // warpgroup 0 arrives once P and alpha of a tile are in shared memory
 constexpr int kPFreeBarrier = 4;     // the P.V warpgroups arrive once they hold P and alpha in registers
 constexpr int kStageFreeBarrier = 5; // the P.V warpgroups are done with a tile's stage
+constexpr int kScoreOwnBarrier = 6;  // warpgroup 0's own 128 threads (a tile's tree keys are in place)
 
 // Whether DL latent columns split into `slices` P.V column slices of whole 128-column blocks (64 columns for each
 // of the two P.V warpgroups).
@@ -90,9 +91,9 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 
 template <int DL, int DR, int kSlices>
 __global__ void __launch_bounds__(kThreads, 1)
-    mla_chunk_kernel(const __grid_constant__ CUtensorMap cache_map, const bf16* __restrict__ q,
-                     const int32_t* kv_start, const int32_t* kv_len, int heads, float scale_log2, float* part_o,
-                     float* part_ml) {
+    mla_chunk_kernel(const __grid_constant__ CUtensorMap cache_map, const bf16* __restrict__ cache,
+                     const bf16* __restrict__ q, const int32_t* kv_start, const int32_t* kv_len, MlaTreeKeys tree,
+                     int heads, float scale_log2, float* part_o, float* part_ml) {
     using T = Tile<DL, DR, kSlices>;
     constexpr int D = T::D, kRowChunks = D / 8;
     dependent_kernel_start();  // the merge kernel waits for this grid before it reads the partials
@@ -106,6 +107,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int nkeys = min(chunk_keys, len - key0);
     const int ntiles = (nkeys + kTileKeys - 1) / kTileKeys;
     const int first_key_row = kv_start[row] + key0;  // cache row of the chunk's first key
+    const int tree_from = tree.key_start != nullptr ? min(tree.key_start[row], len) : len;  // first tree position
     const int tid = threadIdx.x, lane = tid % 32, g = lane / 4, t = lane % 4;
     // Warp-uniform by broadcast, so the compiler keeps per-warpgroup values (tile counters, wgmma descriptors) in
     // uniform registers instead of moving each descriptor over with R2UR before every wgmma.
@@ -170,6 +172,25 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint64_t k_desc = sw128_desc(kv_addr, 16, 8 * kSwizzleRow);
         for (int tile = 0; tile < ntiles; ++tile) {
             wait_tile(tile);
+            // Tree positions: the bulk copy brought the row at each position itself, which is node j's slot for
+            // position tree_from + j; where the ancestor at depth j is another node, its row replaces it here,
+            // before the scores or the P.V warpgroups read the stage (they wait for P, published after this).
+            const int pos0 = key0 + tile * kTileKeys, fix_from = max(tree_from, pos0);
+            const int fix_to = min(len, pos0 + kTileKeys);
+            if (fix_from < fix_to) {
+                unsigned char* stage = s_kv + (tile % kStages) * T::stage_bytes;
+                const int32_t* nodes = tree.key_nodes + static_cast<int64_t>(row) * tree.stride;
+                const int64_t slot0 = static_cast<int64_t>(kv_start[row]) + tree_from;
+                for (int idx = tid; idx < (fix_to - fix_from) * kRowChunks; idx += 128) {
+                    const int p = fix_from + idx / kRowChunks, c = idx % kRowChunks, j = p - tree_from;
+                    const int node = nodes[j];
+                    if (node == j) continue;
+                    *reinterpret_cast<uint4*>(stage + swizzled(p - pos0, c, kTileKeys)) =
+                        *reinterpret_cast<const uint4*>(cache + (slot0 + node) * D + c * 8);
+                }
+                fence_proxy_async();
+                named_barrier_sync(kScoreOwnBarrier, 128);
+            }
             const uint64_t stage_desc = k_desc + (((tile % kStages) * T::stage_bytes) >> 4);
             fence_registers(s);
             wgmma_fence();
@@ -428,21 +449,21 @@ cudaError_t encode_cache_map(CUtensorMap* map, const bf16* cache, int64_t cache_
 }
 
 template <int DL, int DR, int kSlices>
-cudaError_t launch_chunks(const CUtensorMap& cache_map, const bf16* q, const int32_t* kv_start,
-                          const int32_t* kv_len, dim3 grid, int heads, float scale_log2, float* part_o, float* part_ml,
-                          cudaStream_t stream) {
+cudaError_t launch_chunks(const CUtensorMap& cache_map, const bf16* cache, const bf16* q, const int32_t* kv_start,
+                          const int32_t* kv_len, const MlaTreeKeys& tree, dim3 grid, int heads, float scale_log2,
+                          float* part_o, float* part_ml, cudaStream_t stream) {
     using T = Tile<DL, DR, kSlices>;
     static std::atomic<uint64_t> configured{0};
     DDTREE_RETURN_IF_ERROR(opt_in_smem(mla_chunk_kernel<DL, DR, kSlices>, static_cast<int>(T::bytes), configured));
     grid.z *= kSlices;
     return launch_dependent(mla_chunk_kernel<DL, DR, kSlices>, grid, dim3(kThreads), T::bytes, stream, cache_map,
-                            q, kv_start, kv_len, heads, scale_log2, part_o, part_ml);
+                            cache, q, kv_start, kv_len, tree, heads, scale_log2, part_o, part_ml);
 }
 
 template <int DL, int DR>
 cudaError_t launch(bf16* out, const bf16* q, const bf16* cache, int64_t cache_rows, const int32_t* kv_start,
-                   const int32_t* kv_len, int rows, int max_len, int heads, float softmax_scale, float* workspace,
-                   cudaStream_t stream) {
+                   const int32_t* kv_len, const MlaTreeKeys& tree, int rows, int max_len, int heads,
+                   float softmax_scale, float* workspace, cudaStream_t stream) {
     const int max_chunks = mla_max_chunks(max_len);
     float* part_o = workspace;
     float* part_ml = workspace + static_cast<int64_t>(rows) * max_chunks * heads * DL;
@@ -451,8 +472,8 @@ cudaError_t launch(bf16* out, const bf16* q, const bf16* cache, int64_t cache_ro
     const dim3 grid(max_chunks, rows, (heads + kHeads - 1) / kHeads);
     const float scale_log2 = softmax_scale * kLog2e;
     auto run = [&](auto slices) {
-        return launch_chunks<DL, DR, decltype(slices)::value>(cache_map, q, kv_start, kv_len, grid, heads,
-                                                              scale_log2, part_o, part_ml, stream);
+        return launch_chunks<DL, DR, decltype(slices)::value>(cache_map, cache, q, kv_start, kv_len, tree, grid,
+                                                              heads, scale_log2, part_o, part_ml, stream);
     };
     using Unsliced = std::integral_constant<int, 1>;
     cudaError_t launched;
@@ -490,9 +511,10 @@ int64_t mla_workspace_floats(const MlaDims& dims, int max_rows, int max_len) {
 
 cudaError_t mla_attention(bf16* out, const bf16* q, const bf16* cache, int64_t cache_rows, const int32_t* kv_start,
                           const int32_t* kv_len, int rows, int max_len, const MlaDims& dims, float softmax_scale,
-                          float* workspace, cudaStream_t stream) {
+                          float* workspace, cudaStream_t stream, const MlaTreeKeys& tree) {
     if (rows < 0 || max_len <= 0 || dims.heads <= 0 || cache_rows <= 0 ||
-        reinterpret_cast<uintptr_t>(cache) % 16 != 0) {
+        reinterpret_cast<uintptr_t>(cache) % 16 != 0 ||
+        (tree.key_start != nullptr && (tree.key_nodes == nullptr || tree.stride < 1))) {
         return cudaErrorInvalidValue;
     }
     if (rows == 0) {
@@ -500,7 +522,7 @@ cudaError_t mla_attention(bf16* out, const bf16* q, const bf16* cache, int64_t c
     }
 #define DDTREE_MLA_LAUNCH(dl, dr)                                                                           \
     if (dims.kv_lora == dl && dims.rope_dim == dr)                                                          \
-        return launch<dl, dr>(out, q, cache, cache_rows, kv_start, kv_len, rows, max_len, dims.heads,     \
+        return launch<dl, dr>(out, q, cache, cache_rows, kv_start, kv_len, tree, rows, max_len, dims.heads, \
                               softmax_scale, workspace, stream);
     DDTREE_MLA_DIMS(DDTREE_MLA_LAUNCH)
 #undef DDTREE_MLA_LAUNCH

@@ -59,6 +59,17 @@ struct MlaDims {
     int rope_dim;
 };
 
+// Keys of tree-verify rows. A row reads logical positions 0 .. key_start[row] - 1 from its contiguous cache rows
+// (kv_start + position) and position key_start + j from cache row kv_start + key_start + key_nodes[row * stride + j]:
+// its ancestor at depth j, whose node slot follows the committed prefix. The tiles, chunks and reduction order are
+// those of a row whose keys are all contiguous, so a node gets bitwise what an autoregressive row of its path gets.
+// Rows with key_start >= kv_len (and every row when key_start is null) read contiguously.
+struct MlaTreeKeys {
+    const int32_t* key_start = nullptr;
+    const int32_t* key_nodes = nullptr;
+    int stride = 0;
+};
+
 // True when a kernel is compiled for these (kv_lora, rope_dim).
 bool mla_dims_supported(int kv_lora, int rope_dim);
 
@@ -66,9 +77,10 @@ bool mla_dims_supported(int kv_lora, int rope_dim);
 int64_t mla_workspace_floats(const MlaDims& dims, int max_rows, int max_len);
 
 // q: [rows, heads, kv_lora + rope_dim]; cache: [cache_rows, kv_lora + rope_dim], 16-byte aligned; row r reads
-// cache rows kv_start[r] .. kv_start[r] + kv_len[r] - 1 (kv_len >= 1, <= max_len). out: [rows, heads, kv_lora].
+// cache rows kv_start[r] .. kv_start[r] + kv_len[r] - 1 (kv_len >= 1, <= max_len), or its tree keys (see
+// MlaTreeKeys; every redirected row inside the cache). out: [rows, heads, kv_lora].
 cudaError_t mla_attention(bf16* out, const bf16* q, const bf16* cache, int64_t cache_rows, const int32_t* kv_start,
                           const int32_t* kv_len, int rows, int max_len, const MlaDims& dims, float softmax_scale,
-                          float* workspace, cudaStream_t stream);
+                          float* workspace, cudaStream_t stream, const MlaTreeKeys& tree = {});
 
 }  // namespace ddtree::kernels

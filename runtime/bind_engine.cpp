@@ -25,14 +25,41 @@ T field(const nb::dict& d, const char* key) {
     return nb::cast<T>(d[key]);
 }
 
+// By field name: a dict built from config.json (ddtree.engine.engine_dims).
 ModelDims parse_dims(const nb::dict& d) {
-    return ModelDims{field<int>(d, "vocab"), field<int>(d, "hidden"), field<int>(d, "inter"),
-                     field<int>(d, "moe_inter"), field<int>(d, "layers"), field<int>(d, "heads"),
-                     field<int>(d, "q_lora"), field<int>(d, "kv_lora"), field<int>(d, "nope"),
-                     field<int>(d, "rope"), field<int>(d, "v"), field<int>(d, "experts"),
-                     field<int>(d, "shared_inter"), field<int>(d, "topk"), field<int>(d, "first_dense"),
-                     field<float>(d, "routed_scaling_factor"), field<bool>(d, "norm_topk_prob"),
-                     field<float>(d, "rms_eps"), field<float>(d, "lora_eps"), field<float>(d, "softmax_scale")};
+    ModelDims m;
+    m.vocab = field<int>(d, "vocab");
+    m.hidden = field<int>(d, "hidden");
+    m.inter = field<int>(d, "inter");
+    m.moe_inter = field<int>(d, "moe_inter");
+    m.layers = field<int>(d, "layers");
+    m.heads = field<int>(d, "heads");
+    m.q_lora = field<int>(d, "q_lora");
+    m.kv_lora = field<int>(d, "kv_lora");
+    m.nope = field<int>(d, "nope");
+    m.rope = field<int>(d, "rope");
+    m.v = field<int>(d, "v");
+    m.experts = field<int>(d, "experts");
+    m.shared_inter = field<int>(d, "shared_inter");
+    m.topk = field<int>(d, "topk");
+    m.first_dense = field<int>(d, "first_dense");
+    m.routed_scaling_factor = field<float>(d, "routed_scaling_factor");
+    m.norm_topk_prob = field<bool>(d, "norm_topk_prob");
+    m.rms_eps = field<float>(d, "rms_eps");
+    m.lora_eps = field<float>(d, "lora_eps");
+    m.softmax_scale = field<float>(d, "softmax_scale");
+    return m;
+}
+
+std::vector<VerifyTree> parse_trees(const std::vector<int32_t>& streams, const std::vector<int32_t>& starts,
+                                    const std::vector<std::vector<int32_t>>& tokens,
+                                    const std::vector<std::vector<int32_t>>& parents) {
+    if (starts.size() != streams.size() || tokens.size() != streams.size() || parents.size() != streams.size()) {
+        throw nb::value_error("streams, starts, tokens and parents must hold one entry per tree");
+    }
+    std::vector<VerifyTree> trees(streams.size());
+    for (size_t t = 0; t < trees.size(); ++t) trees[t] = VerifyTree{streams[t], starts[t], tokens[t], parents[t]};
+    return trees;
 }
 
 }  // namespace
@@ -40,18 +67,20 @@ ModelDims parse_dims(const nb::dict& d) {
 void bind_engine_kernels(nb::module_& kernels);
 
 void bind_engine(nb::module_& m) {
-    nb::class_<Engine>(m, "Engine", "Autoregressive decode engine on one GPU (see ddtree.Engine)")
+    nb::class_<Engine>(m, "Engine", "The engine on one GPU: decode and tree verify (see ddtree.Engine)")
         .def(
             "__init__",
             [](Engine* self, const nb::dict& dims, const std::vector<float>& inv_freq, float attention_factor,
-               bool interleave, int streams, int max_context, int device) {
+               bool interleave, int streams, int max_context, int budget, int device) {
                 new (self) Engine(parse_dims(dims), RopeTable{inv_freq, attention_factor, interleave}, streams,
-                                  max_context, device);
+                                  max_context, budget, device);
             },
             nb::arg("dims"), nb::arg("inv_freq"), nb::arg("attention_factor"), nb::arg("interleave"),
-            nb::arg("streams"), nb::arg("max_context"), nb::arg("device"))
+            nb::arg("streams"), nb::arg("max_context"), nb::arg("budget"), nb::arg("device"))
         .def_prop_ro("streams", &Engine::streams)
         .def_prop_ro("max_context", &Engine::max_context)
+        .def_prop_ro("budget", &Engine::max_budget)
+        .def_prop_ro("max_rows", &Engine::max_rows)
         .def_prop_ro("device", &Engine::device)
         .def(
             "upload",
@@ -86,8 +115,56 @@ void bind_engine(nb::module_& m) {
         .def("missing", [](Engine& e) { return e.weights().missing(); })
         .def("prefill", &Engine::prefill, nb::arg("prompts"), nb::arg("temperature"), nb::arg("seed"),
              nb::call_guard<nb::gil_scoped_release>())
-        .def("decode", &Engine::decode, nb::arg("first_tokens"), nb::arg("prompt_lengths"), nb::arg("steps"),
-             nb::arg("temperature"), nb::arg("seed"), nb::call_guard<nb::gil_scoped_release>())
+        .def(
+            "generate",
+            [](Engine& e, const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens, float temperature,
+               uint64_t seed) {
+                Generation g;
+                {
+                    nb::gil_scoped_release release;
+                    g = e.generate(prompts, max_new_tokens, temperature, seed);
+                }
+                return nb::make_tuple(g.tokens, g.prefill_seconds, g.decode_seconds);
+            },
+            nb::arg("prompts"), nb::arg("max_new_tokens"), nb::arg("temperature"), nb::arg("seed"),
+            "Prefill and decode in one call: ([prompts][max_new_tokens] tokens, prefill seconds, decode seconds), "
+            "device time.")
+        .def(
+            "verify",
+            [](Engine& e, const std::vector<int32_t>& streams, const std::vector<int32_t>& starts,
+               const std::vector<std::vector<int32_t>>& tokens, const std::vector<std::vector<int32_t>>& parents,
+               const std::vector<int>& tap_layers, bool with_routing) {
+                const std::vector<VerifyTree> trees = parse_trees(streams, starts, tokens, parents);
+                VerifyOutput out;
+                {
+                    nb::gil_scoped_release release;
+                    out = e.verify(trees, tap_layers, with_routing);
+                }
+                const ModelDims& d = e.dims();
+                const size_t rows = out.rows;
+                nb::object logits = nb::cast(to_numpy(std::move(out.logits), {rows, static_cast<size_t>(d.vocab)}));
+                nb::object taps = nb::cast(to_numpy(std::move(out.taps), {rows, tap_layers.size() * d.hidden}));
+                nb::object routing = nb::cast(to_numpy(
+                    std::move(out.routing),
+                    {with_routing ? static_cast<size_t>(d.moe_layers()) : 0, rows, static_cast<size_t>(d.topk)}));
+                return nb::make_tuple(logits, taps, routing);
+            },
+            nb::arg("streams"), nb::arg("starts"), nb::arg("tokens"), nb::arg("parents"),
+            nb::arg("tap_layers") = std::vector<int>{}, nb::arg("with_routing") = false,
+            "Eager verify forward of one tree per listed stream over its committed prefix of `starts` tokens: "
+            "fp32 logits [nodes, vocab] (trees in order, root first), bf16 bits [nodes, taps * hidden] of the "
+            "residual stream after each of tap_layers, and (with_routing) int32 [moe layers, nodes, topk] experts.")
+        .def(
+            "profile_verify",
+            [](Engine& e, const std::vector<int32_t>& streams, const std::vector<int32_t>& starts,
+               const std::vector<std::vector<int32_t>>& tokens, const std::vector<std::vector<int32_t>>& parents,
+               int iters) {
+                const std::vector<VerifyTree> trees = parse_trees(streams, starts, tokens, parents);
+                nb::gil_scoped_release release;
+                return e.profile_verify(trees, iters);
+            },
+            nb::arg("streams"), nb::arg("starts"), nb::arg("tokens"), nb::arg("parents"), nb::arg("iters"),
+            "Device seconds per operation of that verify forward (eager, one launch at a time).")
         .def(
             "forward_logits",
             [](Engine& e, const std::vector<int32_t>& ids, const std::vector<int32_t>& streams,
@@ -118,6 +195,8 @@ void bind_engine(nb::module_& m) {
         .def("profile_step", &Engine::profile_step, nb::arg("streams"), nb::arg("positions"), nb::arg("iters"),
              nb::arg("temperature") = 1.0f, nb::arg("seed") = 1, nb::call_guard<nb::gil_scoped_release>(),
              "Device seconds per operation of one eager decode step, the sampler at `temperature`.");
+
+    m.attr("MAX_BUDGET") = kMaxTreeBudget;
 
     nb::module_ kernels = nb::borrow<nb::module_>(m.attr("kernels"));
     bind_engine_kernels(kernels);

@@ -1,8 +1,10 @@
 // Kernel-level entry points of the engine's kernel families (ddtree._native.kernels.*), for the GPU tests and
 // the benchmark: each checks its CUDA arrays, launches on kernel_launch_stream() and raises on any CUDA error.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <optional>
 #include <string>
 
 #include "bindings.h"
@@ -118,7 +120,8 @@ void mla_store_kv(CudaArray cache, CudaArray slots, CudaArray kv_a, CudaArray no
 }
 
 void mla_attention(CudaArray out, CudaArray q, CudaArray cache, CudaArray kv_start, CudaArray kv_len, int max_len,
-                   float softmax_scale, CudaArray workspace) {
+                   float softmax_scale, CudaArray workspace, std::optional<CudaArray> key_start,
+                   std::optional<CudaArray> key_nodes) {
     same_device({&out, &q, &cache, &kv_start, &kv_len, &workspace});
     const int rows = dim(q, "q", 0), heads = dim(q, "q", 1), d = dim(q, "q", 2), dl = dim(out, "out", 2);
     const k::MlaDims dims{heads, dl, d - dl};
@@ -129,12 +132,23 @@ void mla_attention(CudaArray out, CudaArray q, CudaArray cache, CudaArray kv_sta
     if (static_cast<int64_t>(workspace.shape(0)) < k::mla_workspace_floats(dims, rows, max_len)) {
         throw nb::value_error("argument 'workspace' is too small");
     }
+    // Tree keys for kernel tests: the caller keeps every redirected row inside the cache.
+    k::MlaTreeKeys tree;
+    if (key_start.has_value() != key_nodes.has_value()) {
+        throw nb::value_error("arguments 'key_start' and 'key_nodes' go together");
+    }
+    if (key_start) {
+        same_device({&out, &*key_start, &*key_nodes});
+        tree.stride = dim(*key_nodes, "key_nodes", 1);
+        tree.key_start = checked<const int32_t>(*key_start, "key_start", DType::i32, {rows});
+        tree.key_nodes = checked<const int32_t>(*key_nodes, "key_nodes", DType::i32, {rows, tree.stride});
+    }
     CUDA_CHECK(k::mla_attention(checked<k::bf16>(out, "out", DType::bf16, {rows, heads, dl}),
                                 checked<const k::bf16>(q, "q", DType::bf16, {rows, heads, d}),
                                 checked<const k::bf16>(cache, "cache", DType::bf16, {-1, d}), dim(cache, "cache", 0),
                                 checked<const int32_t>(kv_start, "kv_start", DType::i32, {rows}),
                                 checked<const int32_t>(kv_len, "kv_len", DType::i32, {rows}), rows, max_len, dims,
-                                softmax_scale, ws, kernel_launch_stream()));
+                                softmax_scale, ws, kernel_launch_stream(), tree));
 }
 
 void route_topk(CudaArray ids, CudaArray weights, CudaArray logits, CudaArray bias, bool normalize) {
@@ -203,7 +217,8 @@ void bind_engine_kernels(nb::module_& kernels) {
                 nb::arg("norm_weight"), nb::arg("eps"), nb::arg("positions"), nb::arg("inv_freq"),
                 nb::arg("attention_factor"), nb::arg("interleave"));
     kernels.def("mla_attention", &mla_attention, nb::arg("out"), nb::arg("q"), nb::arg("cache"), nb::arg("kv_start"),
-                nb::arg("kv_len"), nb::arg("max_len"), nb::arg("softmax_scale"), nb::arg("workspace"));
+                nb::arg("kv_len"), nb::arg("max_len"), nb::arg("softmax_scale"), nb::arg("workspace"),
+                nb::arg("key_start") = nb::none(), nb::arg("key_nodes") = nb::none());
     kernels.def(
         "mla_workspace_floats",
         [](int heads, int kv_lora, int rope, int rows, int max_len) {

@@ -30,28 +30,26 @@ bool Weights::marlin_supported(const ModelDims& d) {
 
 size_t Weights::planned_bytes(const ModelDims& d, int max_tokens) {
     const Weights plan(d, max_tokens);
-    return plan.planned_bytes_;
+    return plan.arena_.bytes();
 }
 
 Weights::Weights(const ModelDims& d, int device, int max_tokens, cudaStream_t stream)
-    : layers(d.layers), dims_(d), device_(device), stream_(stream), gate_stage_(d.layers), up_stage_(d.layers) {
-    try {
-        lay_out(max_tokens);
-    } catch (...) {
-        for (void* p : allocations_) cudaFree(p);
-        throw;
-    }
+    : layers(d.layers), dims_(d), device_(device), stream_(stream), arena_(DeviceArena::Mode::kAllocate),
+      gate_stage_(d.layers), up_stage_(d.layers) {
+    lay_out(max_tokens);
 }
 
 Weights::Weights(const ModelDims& d, int max_tokens)
-    : layers(d.layers), dims_(d), device_(-1), stream_(nullptr), counting_(true), gate_stage_(d.layers),
-      up_stage_(d.layers) {
+    : layers(d.layers), dims_(d), device_(-1), stream_(nullptr), arena_(DeviceArena::Mode::kCount),
+      gate_stage_(d.layers), up_stage_(d.layers) {
     lay_out(max_tokens);
 }
 
 void Weights::lay_out(int max_tokens) {
     const ModelDims& d = dims_;
     const size_t h = d.hidden;
+    auto alloc_bf16 = [&](size_t count) { return arena_.take<k::bf16>(count); };
+    auto alloc_bytes = [&](size_t bytes) { return arena_.take_bytes(bytes); };
     embed = alloc_bf16(d.vocab * h);
     final_norm = alloc_bf16(h);
     lm_head = alloc_bf16(d.vocab * h);
@@ -101,8 +99,8 @@ void Weights::lay_out(int max_tokens) {
         if (marlin_supported(d)) {
             const MoeLayerShape shape{d.experts, d.hidden, d.moe_inter, d.topk, max_tokens,
                                       d.routed_scaling_factor};
-            if (counting_) {  // the first MoE layer's workspace is every layer's
-                planned_bytes_ += MoeLayer::weight_bytes(shape) + (l == d.first_dense ? MoeWorkspace::bytes(shape) : 0);
+            if (arena_.counting()) {  // the first MoE layer's workspace is every layer's
+                arena_.count(MoeLayer::weight_bytes(shape) + (l == d.first_dense ? MoeWorkspace::bytes(shape) : 0));
             } else {
                 if (moe_workspace == nullptr) moe_workspace = std::make_shared<const MoeWorkspace>(shape, device_);
                 w.marlin = std::make_unique<MoeLayer>(shape, device_, moe_workspace);
@@ -120,8 +118,7 @@ void Weights::lay_out(int max_tokens) {
 }
 
 Weights::~Weights() {
-    if (counting_) return;
-    for (void* p : allocations_) cudaFree(p);
+    if (arena_.counting()) return;
     cudaFree(expert_stage_);
     for (int l = 0; l < dims_.layers; ++l) {
         cudaFree(gate_stage_[l]);
@@ -129,21 +126,8 @@ Weights::~Weights() {
     }
 }
 
-void* Weights::alloc_bytes(size_t bytes) {
-    if (counting_) {
-        planned_bytes_ += bytes;
-        return nullptr;
-    }
-    void* p = nullptr;
-    CUDA_CHECK(cudaMalloc(&p, bytes));
-    allocations_.push_back(p);
-    return p;
-}
-
-k::bf16* Weights::alloc_bf16(size_t count) { return static_cast<k::bf16*>(alloc_bytes(count * sizeof(k::bf16))); }
-
 void Weights::add(const std::string& name, void* dst, size_t bytes, Kind kind, int layer) {
-    if (counting_) return;
+    if (arena_.counting()) return;
     slots_.emplace(name, Slot{dst, bytes, kind, layer});
 }
 

@@ -16,29 +16,12 @@
 #include <vector>
 
 #include "common.cuh"
+#include "device_arena.h"
 #include "experts_int4.cuh"
+#include "model_dims.h"
 #include "moe_layer.h"
 
 namespace ddtree {
-
-struct ModelDims {
-    int vocab, hidden, inter, moe_inter, layers, heads, q_lora, kv_lora, nope, rope, v;
-    int experts, shared_inter, topk, first_dense;
-    float routed_scaling_factor;
-    bool norm_topk_prob;
-    float rms_eps, lora_eps, softmax_scale;
-
-    int qk() const { return nope + rope; }
-    int qkv_a() const { return q_lora + kv_lora + rope; }
-    int latent_row() const { return kv_lora + rope; }
-    bool is_moe(int layer) const { return layer >= first_dense; }
-};
-
-struct RopeTable {
-    std::vector<float> inv_freq;
-    float attention_factor;
-    bool interleave;
-};
 
 struct LayerWeights {
     kernels::bf16 *input_norm = nullptr, *post_norm = nullptr;
@@ -93,12 +76,10 @@ class Weights {
         int layer;
         bool uploaded = false;
     };
-    // The plan: lays out `dims` with every allocation counted into planned_bytes_ and none made.
+    // The plan: lays out `dims` with every allocation counted by a counting arena and none made.
     Weights(const ModelDims& dims, int max_tokens);
     // Every weight buffer of the model, its upload slot, and each MoE layer's experts (allocated, or counted).
     void lay_out(int max_tokens);
-    kernels::bf16* alloc_bf16(size_t count);
-    void* alloc_bytes(size_t bytes);
     void add(const std::string& name, void* dst, size_t bytes, Kind kind = Kind::kPlain, int layer = -1);
     void interleave_if_ready(int layer);
     void derive_w_uk_t(int layer);
@@ -106,9 +87,7 @@ class Weights {
     ModelDims dims_;
     int device_;
     cudaStream_t stream_;
-    bool counting_ = false;     // a plan: allocations are counted, not made
-    size_t planned_bytes_ = 0;  // what a plan counted
-    std::vector<void*> allocations_;
+    DeviceArena arena_;  // a plan's only counts
     std::map<std::string, Slot> slots_;
     std::vector<kernels::bf16*> gate_stage_, up_stage_;  // gate/up rows until both halves arrived
     uint8_t* expert_stage_ = nullptr;  // one expert's checkpoint bytes on the device, for the fused MoE's repack

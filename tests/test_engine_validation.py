@@ -58,6 +58,9 @@ def test_engine_rejects_bad_sizes(tmp_path: Path) -> None:
         ddtree.Engine(tmp_path, streams=0)
     with pytest.raises(RequestError, match="max_context 5000 exceeds the model's max_position_embeddings 1024"):
         ddtree.Engine(tmp_path, streams=1, max_context=5000)
+    for budget in (-1, 1025, 2.0, True):
+        with pytest.raises(RequestError, match="budget must be an integer in 0..1024"):
+            ddtree.Engine(tmp_path, streams=1, max_context=32, budget=budget)
 
 
 def test_engine_rejects_a_model_without_shared_expert(tmp_path: Path) -> None:

@@ -2,12 +2,12 @@
 
 The C++ runtime (ddtree._native.Engine) owns the device: weights, per-stream latent KV caches, the kernels and
 the CUDA graphs of the decode step. This module only validates requests, hands it host views of the
-memory-mapped checkpoint (no copies here) and wraps the results.
+memory-mapped checkpoint (no copies here) and wraps the results. The runtime checks every request again at its
+boundary; what it refuses arrives here as a RequestError naming the argument.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,19 @@ def engine_dims(cfg: ModelConfig) -> dict[str, Any]:
     }
 
 
-def _native_engine(cfg: ModelConfig, streams: int, max_context: int, device: int) -> Any:
+# The largest tree budget an engine takes (the runtime's kMaxTreeBudget, exported as _native.MAX_BUDGET).
+MAX_BUDGET = 1024
+
+
+def _native_call(method: Any, *args: Any) -> Any:
+    """Calls the runtime; its refusals of an argument (C++ std::invalid_argument) become RequestError."""
+    try:
+        return method(*args)
+    except ValueError as err:
+        raise RequestError(str(err)) from None
+
+
+def _native_engine(cfg: ModelConfig, streams: int, max_context: int, budget: int, device: int) -> Any:
     from ddtree.device import has_cuda_device
 
     if not has_cuda_device():
@@ -47,8 +59,8 @@ def _native_engine(cfg: ModelConfig, streams: int, max_context: int, device: int
     from ddtree import _native
 
     rope = Rope.from_config(cfg)
-    return _native.Engine(engine_dims(cfg), rope.inv_freq.tolist(), float(rope.attention_factor), rope.interleave,
-                          streams, max_context, device)
+    return _native_call(_native.Engine, engine_dims(cfg), rope.inv_freq.tolist(), float(rope.attention_factor),
+                        rope.interleave, streams, max_context, budget, device)
 
 
 def _check_supported(cfg: ModelConfig) -> None:
@@ -57,10 +69,12 @@ def _check_supported(cfg: ModelConfig) -> None:
                            "shared expert (as Kimi-K2 and DeepSeek-V3 have)")
 
 
-def _check_sizes(streams: int, max_context: int, cfg: ModelConfig) -> None:
+def _check_sizes(streams: int, max_context: int, budget: int, cfg: ModelConfig) -> None:
     for name, value in (("streams", streams), ("max_context", max_context)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise RequestError(f"{name} must be a positive integer, got {value!r}")
+    if isinstance(budget, bool) or not isinstance(budget, int) or not 0 <= budget <= MAX_BUDGET:
+        raise RequestError(f"budget must be an integer in 0..{MAX_BUDGET}, got {budget!r}")
     if max_context > cfg.max_position_embeddings:
         raise RequestError(f"max_context {max_context} exceeds the model's max_position_embeddings "
                            f"{cfg.max_position_embeddings}")
@@ -94,30 +108,34 @@ def validate_request(prompts: Sequence[Sequence[int]], max_new_tokens: int, temp
 
 
 class Engine:
-    """Autoregressive generation on one GPU for 1..streams concurrent prompts.
+    """Generation on one GPU for 1..streams concurrent prompts.
 
-    `streams` and `max_context` (prompt + generated tokens per stream) are fixed at creation; the engine refuses,
-    with the numbers, a configuration whose weights, KV caches and scratch do not fit in free device memory.
+    `streams`, `max_context` (prompt + generated tokens per stream) and `budget` (the most drafted nodes per stream
+    a tree verify takes; its forwards then run streams x (budget + 1) rows) are fixed at creation; the engine
+    refuses, with the numbers, a configuration whose weights, KV caches and scratch do not fit in free device
+    memory.
     """
 
-    def __init__(self, model_dir: str | Path, streams: int = 1, max_context: int = 4096, device: int = 0) -> None:
+    def __init__(self, model_dir: str | Path, streams: int = 1, max_context: int = 4096, budget: int = 0,
+                 device: int = 0) -> None:
         checkpoint = open_checkpoint(model_dir)
-        self._create(checkpoint.config, streams, max_context, device)
+        self._create(checkpoint.config, streams, max_context, budget, device)
         self._upload(checkpoint)
 
     @classmethod
-    def random(cls, cfg: ModelConfig, streams: int, max_context: int, device: int = 0, seed: int = 0) -> Engine:
+    def random(cls, cfg: ModelConfig, streams: int, max_context: int, budget: int = 0, device: int = 0,
+               seed: int = 0) -> Engine:
         """An engine with random weights of the right scale (benchmarks at K2 dims with no checkpoint on disk)."""
         engine = cls.__new__(cls)
-        engine._create(cfg, streams, max_context, device)
+        engine._create(cfg, streams, max_context, budget, device)
         engine._native.randomize_weights(seed)
         return engine
 
-    def _create(self, cfg: ModelConfig, streams: int, max_context: int, device: int) -> None:
+    def _create(self, cfg: ModelConfig, streams: int, max_context: int, budget: int, device: int) -> None:
         _check_supported(cfg)
-        _check_sizes(streams, max_context, cfg)
-        self.config, self.streams, self.max_context = cfg, streams, max_context
-        self._native = _native_engine(cfg, streams, max_context, device)
+        _check_sizes(streams, max_context, budget, cfg)
+        self.config, self.streams, self.max_context, self.budget = cfg, streams, max_context, budget
+        self._native = _native_engine(cfg, streams, max_context, budget, device)
 
     @property
     def native(self) -> Any:
@@ -132,14 +150,14 @@ class Engine:
             array = checkpoint[name]
             if name.endswith("e_score_correction_bias"):
                 array = np.ascontiguousarray(bf16.as_float32(array))
-            self._native.upload(name[len(prefix):], array)
+            _native_call(self._native.upload, name[len(prefix):], array)
         for layer in range(cfg.first_k_dense_replace, cfg.num_hidden_layers):
             for e in range(cfg.n_routed_experts):
                 base = f"{prefix}model.layers.{layer}.mlp.experts.{e}"
                 parts = []
                 for proj in EXPERT_PROJECTIONS:
                     parts += [checkpoint[f"{base}.{proj}.weight_packed"], checkpoint[f"{base}.{proj}.weight_scale"]]
-                self._native.upload_expert(layer, e, *parts)
+                _native_call(self._native.upload_expert, layer, e, *parts)
         missing = self._native.missing()
         if missing:
             raise RuntimeError(f"engine weights incomplete: {missing!r} was not uploaded")
@@ -152,12 +170,8 @@ class Engine:
         """
         checked = validate_request(prompts, max_new_tokens, temperature, self.streams, self.max_context,
                                    self.config.vocab_size)
-        start = time.perf_counter()
-        first = self._native.prefill(checked, float(temperature), seed)
-        prefill_seconds = time.perf_counter() - start
-        start = time.perf_counter()
-        tokens = self._native.decode(first, [len(p) for p in checked], max_new_tokens - 1, float(temperature), seed)
-        decode_seconds = time.perf_counter() - start
+        tokens, prefill_seconds, decode_seconds = _native_call(self._native.generate, checked, max_new_tokens,
+                                                               float(temperature), seed)
         return [GenerationResult(tokens=list(t), prefill_seconds=prefill_seconds, decode_seconds=decode_seconds)
                 for t in tokens]
 

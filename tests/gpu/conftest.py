@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ddtree.device import device_info
+from engine_models import make_model_dirs
 
 
 def _skip_reason() -> str | None:
@@ -29,3 +32,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.gpu)
             if _REASON is not None:
                 item.add_marker(pytest.mark.skip(reason=_REASON))
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Checkpoints of the presets and variants the engine tests run on (engine_models), written once."""
+    return make_model_dirs(tmp_path_factory)

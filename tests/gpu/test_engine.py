@@ -4,7 +4,6 @@ routed experts take the plain INT4 path (tiny, small) and one whose experts load
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 from pathlib import Path
 
@@ -13,51 +12,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import ddtree  # noqa: E402
-from ddtree.checkpoint import write_checkpoint  # noqa: E402
-from ddtree.config import ModelConfig  # noqa: E402
 from ddtree.errors import RequestError  # noqa: E402
-from ddtree.presets import make_model, preset_config, random_tensors  # noqa: E402
-from ddtree.reference import model as reference_model_module  # noqa: E402
-from ddtree.reference.layers import linear, sigmoid  # noqa: E402
+from ddtree.presets import preset_config  # noqa: E402
 from ddtree.reference.model import ReferenceModel  # noqa: E402
-from ddtree.reference.moe import Routing, route  # noqa: E402
+from engine_models import TINY_FUSED, TINY_LONG, model_config, reference_on_engine_routing  # noqa: E402
 
 NEW_TOKENS = 64
-# Biased router scores of the reference closer than this are a tie at the engine's precision: its router sees
-# bf16 activations that drift a few percent from the fp32 reference over the layers (measured on `small`:
-# median logit error 3e-2 of the row's max), which moves sigmoid scores by ~5e-3.
-# Largest reference biased-score gap at which the engine may pick another expert: its activations carry bf16
-# roundings taken in another summation order through several layers; 2e-2 is five bf16 ulps of a score in
-# [0.5, 1). (At 1e-2 a change of the dense GEMMs' order alone flipped one choice on `small`, gap 1.04e-2.)
-ROUTER_TIE = 2e-2
-
-
-# `tiny` with hidden and moe_intermediate sizes that are multiples of 128: its routed experts load into the fused
-# INT4 MoE (repacked at upload), where tiny's and small's take the plain INT4 path.
-TINY_FUSED = "tiny-fused"
-# `tiny` with room for contexts past 4096 keys, where attention chunks grow from 512 to 1024 keys.
-TINY_LONG = "tiny-long"
-
-
-def _config(model: str) -> ModelConfig:
-    if model == TINY_FUSED:
-        return dataclasses.replace(preset_config("tiny"), hidden_size=128, moe_intermediate_size=128)
-    if model == TINY_LONG:
-        return dataclasses.replace(preset_config("tiny"), max_position_embeddings=16384)
-    return preset_config(model)
-
-
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    dirs = {}
-    for preset in ("tiny", "small"):
-        out = tmp_path_factory.mktemp(preset)
-        make_model(preset, out, seed=0)
-        dirs[preset] = out
-    for variant in (TINY_FUSED, TINY_LONG):
-        dirs[variant] = tmp_path_factory.mktemp(variant)
-        write_checkpoint(dirs[variant], _config(variant), random_tensors(_config(variant), seed=0))
-    return dirs
 
 
 def _prompts(vocab: int, lengths: list[int], seed: int) -> list[list[int]]:
@@ -78,38 +38,6 @@ def _engine_logits_and_routing(native, stream: int, seq: list[int]) -> tuple[np.
     return np.concatenate(logits), np.concatenate(routing, axis=1)
 
 
-def _reference_on_engine_routing(reference: ReferenceModel, seq: list[int], engine_routing: np.ndarray,
-                                 monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, list[str]]:
-    """Reference logits at every position of seq with each MoE layer using the experts the engine chose (their
-    weights are the reference's own normalised scores), and every place where the engine's choice differs from
-    the reference's own by more than a rounding-level near-tie of the biased scores."""
-    calls = iter(range(engine_routing.shape[0]))
-    far_from_tie: list[str] = []
-
-    def engine_route(x, gate, bias, cfg):
-        layer = next(calls)
-        own = route(x, gate, bias, cfg)
-        scores = sigmoid(linear(x, gate))
-        biased = scores + bias
-        chosen = engine_routing[layer].astype(np.int64)
-        for row in np.flatnonzero(np.any(np.sort(chosen, 1) != np.sort(own.experts, 1), axis=1)):
-            dropped = np.setdiff1d(own.experts[row], chosen[row])
-            taken = np.setdiff1d(chosen[row], own.experts[row])
-            gap = float(biased[row, dropped].max() - biased[row, taken].min())
-            if gap > ROUTER_TIE:
-                far_from_tie.append(f"moe layer {layer} row {row}: engine took {taken.tolist()} over "
-                                    f"{dropped.tolist()}, biased-score gap {gap:.1e}")
-        weights = np.take_along_axis(scores, chosen, axis=-1)
-        if cfg.norm_topk_prob:
-            weights = weights / (weights.sum(axis=-1, keepdims=True) + np.float32(1e-20))
-        return Routing(chosen, (weights * np.float32(cfg.routed_scaling_factor)).astype(np.float32))
-
-    monkeypatch.setattr(reference_model_module, "route", engine_route)
-    logits = reference.forward(seq, np.arange(len(seq)), reference.new_cache()).logits
-    monkeypatch.undo()
-    return logits, far_from_tie
-
-
 def _teacher_forced_check(reference: ReferenceModel, native, stream: int, prompt: list[int], tokens: list[int],
                           monkeypatch: pytest.MonkeyPatch) -> str:
     """The reference runs the engine's token sequence on the engine's expert choices; at every position the
@@ -119,7 +47,8 @@ def _teacher_forced_check(reference: ReferenceModel, native, stream: int, prompt
     the decoded tokens (batch invariance between prefill and decode). Returns a one-line summary."""
     seq = prompt + tokens
     eng, routing = _engine_logits_and_routing(native, stream, seq[:-1])
-    ref, far_from_tie = _reference_on_engine_routing(reference, seq[:-1], routing, monkeypatch)
+    ref, far_from_tie = reference_on_engine_routing(reference, seq[:-1], routing, monkeypatch)
+    ref = ref.logits
     eng, ref = eng[len(prompt) - 1:], ref[len(prompt) - 1:]
     assert eng.argmax(-1).tolist() == tokens, "prefill rows disagree with the decoded tokens"
     assert not far_from_tie, "engine routing differs from the reference's away from near-ties:\n" + \
@@ -155,7 +84,7 @@ def _release_engines():
 @pytest.mark.parametrize("preset", ["tiny", "small", TINY_FUSED])
 def test_greedy_matches_reference_teacher_forced(preset: str, model_dirs: dict[str, Path],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = _config(preset)
+    cfg = model_config(preset)
     prompts = _prompts(cfg.vocab_size, [5, 1, 17, 70], seed=1)  # 70 > one 64-row prefill chunk
     engine = ddtree.Engine(model_dirs[preset], streams=4, max_context=160)
     results = engine.generate(prompts, NEW_TOKENS)
@@ -202,7 +131,7 @@ def test_graph_decode_across_attention_chunk_bounds(model_dirs: dict[str, Path],
 
 @pytest.mark.parametrize("preset", ["tiny", "small", TINY_FUSED])
 def test_step_logits_batch_invariant(preset: str, model_dirs: dict[str, Path]) -> None:
-    cfg = _config(preset)
+    cfg = model_config(preset)
     engine = ddtree.Engine(model_dirs[preset], streams=16, max_context=600)
     prompts = _prompts(cfg.vocab_size, [3 + 37 * i for i in range(16)], seed=3)  # 3 .. 558 tokens
     native = engine.native
@@ -221,7 +150,7 @@ def test_step_logits_batch_invariant(preset: str, model_dirs: dict[str, Path]) -
 @pytest.mark.parametrize("preset", ["tiny", "small", TINY_FUSED])
 def test_forward_is_deterministic(preset: str, model_dirs: dict[str, Path]) -> None:
     """The same rows give bitwise the same logits and expert choices: again on one engine, and on a new one."""
-    cfg = _config(preset)
+    cfg = model_config(preset)
     seq = _prompts(cfg.vocab_size, [150], seed=6)[0]
 
     def run(engine) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -271,6 +200,6 @@ def test_time_decode_samples_and_rejects_a_bad_temperature(model_dirs: dict[str,
 
 
 def test_memory_preflight_refuses_with_numbers() -> None:
-    cfg = preset_config("k2-layers", 4)
+    cfg = presetmodel_config("k2-layers", 4)
     with pytest.raises(ValueError, match=r"does not fit on device 0: weights .* GiB \+ KV cache .* GiB"):
         ddtree.Engine.random(cfg, streams=256, max_context=262144)

@@ -1,7 +1,9 @@
-"""Absorbed-MLA attention over a latent cache against an fp32 torch reference; bitwise batch invariance."""
+"""Absorbed-MLA attention over a latent cache against an fp32 torch reference; bitwise batch invariance; tree keys
+read through the per-row indirection equal to the same keys stored contiguously."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -21,12 +23,12 @@ def _setup(heads: int, lora: int, rope: int, lengths: list[int], seed: int):
     return q, cache, kv_start, kv_len, cap
 
 
-def _attend(q, cache, kv_start, kv_len, max_len, lora, scale):
+def _attend(q, cache, kv_start, kv_len, max_len, lora, scale, key_start=None, key_nodes=None):
     rows, heads = q.shape[:2]
     out = torch.full((rows, heads, lora), POISON, device="cuda", dtype=torch.bfloat16)
     ws = torch.full((kernels.mla_workspace_floats(heads, lora, q.shape[2] - lora, rows, max_len),), POISON,
                     device="cuda")
-    kernels.mla_attention(out, q, cache, kv_start, kv_len, max_len, scale, ws)
+    kernels.mla_attention(out, q, cache, kv_start, kv_len, max_len, scale, ws, key_start, key_nodes)
     torch.cuda.synchronize()
     return out
 
@@ -117,3 +119,61 @@ def test_mla_attention_names_a_short_workspace() -> None:
         kernels.mla_attention(out, q, cache, kv_start, kv_len, cap, 0.1, ws[:-1])
     with pytest.raises(ValueError, match="workspace"):
         kernels.mla_attention(out, q, cache, kv_start, kv_len, cap, 0.1, ws.half())
+
+
+def _random_tree(rng: np.random.Generator, nodes: int) -> tuple[list[int], list[int]]:
+    """Parents (parent < child, root 0) and depths of a random tree of `nodes` rows."""
+    parents, depths = [-1], [0]
+    for i in range(1, nodes):
+        parents.append(int(rng.integers(0, i)) if rng.random() < 0.7 else i - 1)
+        depths.append(depths[parents[-1]] + 1)
+    return parents, depths
+
+
+@pytest.mark.parametrize("heads,lora,rope,start,nodes", [
+    (64, 512, 64, 500, 33),    # paths across the 512-key chunk edge and a 64-key tile edge
+    (64, 512, 64, 4090, 24),   # rows on both sides of the switch to 1024-key chunks
+    (64, 512, 64, 1, 9),       # a prefix of one key
+    (8, 128, 32, 60, 256),     # deep paths over several tiles
+    (4, 32, 16, 1000, 65),
+])
+def test_tree_keys_equal_contiguous_path(heads: int, lora: int, rope: int, start: int, nodes: int) -> None:
+    """Node i at depth d reads the prefix and its ancestors through key_nodes from the node slots after the prefix;
+    it must get exactly the output of a row whose cache holds the same keys contiguously (an autoregressive row of
+    its path). Plain rows in the same launch (key_start past their length) keep their contiguous keys."""
+    rng = np.random.default_rng(start + nodes)
+    parents, depths = _random_tree(rng, nodes)
+    d = lora + rope
+    g = torch.Generator(device="cuda").manual_seed(nodes)
+    tree_cache = torch.randn(start + nodes, d, device="cuda", generator=g).bfloat16()
+    q = (torch.randn(nodes + 2, heads, d, device="cuda", generator=g) * 0.5).bfloat16()
+    stride = max(depths) + 1
+    ancestors = np.full((nodes + 2, stride), -1, dtype=np.int32)
+    cap = start + stride
+    path_cache = torch.full((nodes * cap, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+    for i in range(nodes):
+        chain, node = [], i
+        while node >= 0:
+            chain.append(node)
+            node = parents[node]
+        chain.reverse()
+        ancestors[i, :len(chain)] = chain
+        path_cache[i * cap:i * cap + start] = tree_cache[:start]
+        path_cache[i * cap + start:i * cap + start + len(chain)] = tree_cache[start + torch.tensor(chain)]
+    lengths = [start + dep + 1 for dep in depths]
+    # two plain rows of the tree's stream: the whole prefix, and prefix + the first node slots as they lie
+    kv_len = torch.tensor(lengths + [start, start + 3], device="cuda", dtype=torch.int32)
+    kv_start = torch.zeros(nodes + 2, device="cuda", dtype=torch.int32)
+    key_start = torch.tensor([start] * nodes + [start, start + 3], device="cuda", dtype=torch.int32)
+    scale = (128 + rope) ** -0.5
+    max_len = start + stride
+    out = _attend(q, tree_cache, kv_start, kv_len, max_len, lora, scale, key_start,
+                  torch.from_numpy(ancestors).cuda())
+    contiguous = _attend(q[:nodes].contiguous(), path_cache, torch.arange(nodes, device="cuda", dtype=torch.int32) * cap,
+                         kv_len[:nodes].contiguous(), max_len, lora, scale)
+    assert torch.equal(out[:nodes], contiguous)
+    plain = _attend(q[nodes:].contiguous(), tree_cache, kv_start[nodes:].contiguous(), kv_len[nodes:].contiguous(),
+                    max_len, lora, scale)
+    assert torch.equal(out[nodes:], plain)
+    ref = _reference(q[:nodes], path_cache, torch.arange(nodes) * cap, kv_len[:nodes].cpu(), lora, scale)
+    torch.testing.assert_close(out[:nodes].float(), ref, rtol=2**-6, atol=2**-7 * ref.abs().max().item())

@@ -1,0 +1,31 @@
+#include "op_timeline.h"
+
+#include <chrono>
+#include <thread>
+
+namespace ddtree {
+
+namespace {
+
+void CUDART_CB hold_host(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }
+
+}  // namespace
+
+void hold_stream_for_timing(cudaStream_t stream) { CUDA_CHECK(cudaLaunchHostFunc(stream, hold_host, nullptr)); }
+
+OpTimeline::~OpTimeline() {
+    for (auto& [name, start, stop] : events_) {
+        cudaEventDestroy(start);
+        cudaEventDestroy(stop);
+    }
+}
+
+void OpTimeline::accumulate(std::map<std::string, double>& seconds) const {
+    for (const auto& [name, start, stop] : events_) {
+        float ms = 0.f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        seconds[name] += ms * 1e-3;
+    }
+}
+
+}  // namespace ddtree

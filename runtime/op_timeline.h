@@ -1,0 +1,58 @@
+// The profiling hook of a forward: device time per named operation, from events recorded around each launch. The
+// model calls op() for every launch; without a timeline it launches directly (captured graphs, timed replays).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "cuda_check.h"
+
+namespace ddtree {
+
+// Seconds of device time per named operation, summed over layers.
+using StepProfile = std::vector<std::pair<std::string, double>>;
+
+class OpTimeline {
+  public:
+    explicit OpTimeline(cudaStream_t stream) : stream_(stream) {}
+    ~OpTimeline();
+    OpTimeline(const OpTimeline&) = delete;
+    OpTimeline& operator=(const OpTimeline&) = delete;
+
+    template <typename F>
+    void op(const char* name, F&& launch) {
+        cudaEvent_t start, stop;
+        CUDA_CHECK(cudaEventCreate(&start));
+        CUDA_CHECK(cudaEventCreate(&stop));
+        events_.emplace_back(name, start, stop);
+        CUDA_CHECK(cudaEventRecord(start, stream_));
+        launch();
+        CUDA_CHECK(cudaEventRecord(stop, stream_));
+    }
+    // Adds each op's elapsed time (the stream must have finished) to `seconds`.
+    void accumulate(std::map<std::string, double>& seconds) const;
+
+  private:
+    cudaStream_t stream_;
+    std::vector<std::tuple<std::string, cudaEvent_t, cudaEvent_t>> events_;
+};
+
+// Holds `stream` for a while on the host, so everything enqueued behind it runs back to back on the device: the
+// per-operation times then measure the device, not the host's launch rate.
+void hold_stream_for_timing(cudaStream_t stream);
+
+// Runs `launch`, timed as `name` when a timeline is given.
+template <typename F>
+void timed_op(OpTimeline* timeline, const char* name, F&& launch) {
+    if (timeline != nullptr) {
+        timeline->op(name, launch);
+    } else {
+        launch();
+    }
+}
+
+}  // namespace ddtree

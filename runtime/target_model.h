@@ -1,0 +1,86 @@
+// The target model on one GPU: its weights, the scratch of one forward, and the forward itself over a RowBatch:
+// every layer (MLA attention over the latent cache, dense MLP or MoE), the final norm and the LM head's logits,
+// with optional taps of the residual stream and capture of the experts chosen. Nothing here allocates or waits on
+// the host after construction, so a forward can be captured into a CUDA graph.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "device_arena.h"
+#include "engine_weights.h"
+#include "latent_cache.h"
+#include "model_dims.h"
+#include "op_timeline.h"
+#include "row_batch.h"
+
+namespace ddtree {
+
+// What a forward writes besides the logits.
+struct ForwardOutputs {
+    // The residual stream after each of tap_layers (increasing; HF's hidden_states[layer + 1] before any final norm)
+    // for the rows tap_rows (device, n_tap_rows of them): tapped row i's layer t at taps[(i * tap_layers.size() + t)
+    // * hidden], so each row's taps lie concatenated, as the drafter's fc reads them.
+    std::vector<int> tap_layers;
+    const int32_t* tap_rows = nullptr;
+    int n_tap_rows = 0;
+    kernels::bf16* taps = nullptr;
+    // Each MoE layer's expert choices, [moe layer][row][topk], into TargetModel::routing().
+    bool capture_routing = false;
+};
+
+class TargetModel {
+  public:
+    // Activations and scratch for forwards of up to max_rows rows whose rows see at most max_len keys, from `arena`.
+    struct Scratch {
+        kernels::bf16 *x, *xn, *qkv, *qn, *q, *q_abs, *o_lat, *v_out, *delta, *delta2, *act, *expert_act, *hsel;
+        float *router_logits, *topk_weights, *logits, *gemm_ws, *shared_gemm_ws, *attn_ws, *temperature, *rope;
+        int32_t *topk_ids, *gemm_counters, *shared_gemm_counters, *routing, *tokens;
+        unsigned long long* seed;
+        size_t gemm_counter_count, shared_gemm_counter_count;
+        static Scratch lay_out(const ModelDims& dims, int max_rows, int max_len, DeviceArena& arena);
+    };
+
+    TargetModel(const ModelDims& dims, const RopeTable& rope, const LatentCache& cache, int max_rows, int device,
+                DeviceArena& arena);
+    ~TargetModel();
+    TargetModel(const TargetModel&) = delete;
+    TargetModel& operator=(const TargetModel&) = delete;
+
+    const ModelDims& dims() const { return dims_; }
+    int max_rows() const { return max_rows_; }
+    Weights& weights() { return *weights_; }
+    cudaStream_t stream() const { return stream_; }
+    const float* logits() const { return s_.logits; }  // [logit rows, vocab] fp32 of the last forward
+    const int32_t* tokens() const { return s_.tokens; } // [logit rows] of the last sample()
+    const int32_t* routing() const { return s_.routing; }
+
+    // `n` rows of `rows`, the first n_logits of its logit rows getting logits. `span` bounds every row's kv_len (see
+    // LatentCache::attention_span). A timeline times each launch, one at a time (the shared expert then runs on the
+    // main stream too).
+    void forward(const RowBatch& rows, int n, int n_logits, int span, const ForwardOutputs& outputs,
+                 OpTimeline* timeline);
+    // Tokens of the first n_logits logit rows: argmax at temperature 0, else Gumbel-max keyed by (seed, stream,
+    // position) (sample.cuh).
+    void sample(const RowBatch& rows, int n_logits);
+    // Temperature (finite, >= 0; else std::invalid_argument) and seed that every later sample() reads, captured
+    // graphs included.
+    void set_sampling(float temperature, uint64_t seed);
+
+  private:
+    void tap(const ForwardOutputs& outputs, int layer, OpTimeline* timeline);
+
+    ModelDims dims_;
+    RopeTable rope_;
+    const LatentCache& cache_;
+    int max_rows_;
+    cudaStream_t stream_ = nullptr;
+    cudaStream_t side_stream_ = nullptr;  // the shared expert, beside the routed experts (see forward)
+    cudaEvent_t side_event_ = nullptr;    // forks the side stream from the main stream and joins it back
+    std::unique_ptr<Weights> weights_;
+    Scratch s_;
+};
+
+}  // namespace ddtree
