@@ -200,6 +200,6 @@ def test_time_decode_samples_and_rejects_a_bad_temperature(model_dirs: dict[str,
 
 
 def test_memory_preflight_refuses_with_numbers() -> None:
-    cfg = presetmodel_config("k2-layers", 4)
+    cfg = preset_config("k2-layers", 4)
     with pytest.raises(ValueError, match=r"does not fit on device 0: weights .* GiB \+ KV cache .* GiB"):
         ddtree.Engine.random(cfg, streams=256, max_context=262144)
