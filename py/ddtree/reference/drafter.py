@@ -4,12 +4,12 @@ Per round the drafter sees
 - the context: the concatenated tapped target hidden states of the tokens committed since its last call, at
   their absolute positions ``[start - a, start)``; ``fc`` + ``hidden_norm`` project them to hidden size and every
   layer turns them into K/V with its own ``k_proj``/``v_proj`` (and ``k_norm``, RoPE). These rows are appended
-  to the draft KV cache, which therefore holds exactly one row per committed token;
+  to the draft KV cache, which (without a window) holds exactly one row per committed token;
 - the block ``[bonus, MASK x (B - 1)]`` at positions ``[start, start + B)``, embedded with the target's
   embedding. Block queries attend to every cached context row and bidirectionally to the whole block (no
   mask); block K/V are used in this call only and never cached.
 An optional context window W (serving stacks run this drafter with W = 4096 on long prompts) limits the cache to
-the last W committed rows: block queries then see rows ``[start - W, start)`` only, still at their absolute
+the last W committed rows: block queries then see rows ``[max(start - W, 0), start)`` only, still at their absolute
 positions, and the cache never holds more than W rows per layer.
 RoPE is plain or YaRN over the whole head_dim, in the rotate-half layout, with the amplitude
 DrafterConfig.rope_attention_factor (ddtree.drafter says why it is not the target's).
