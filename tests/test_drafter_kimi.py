@@ -64,20 +64,16 @@ def test_yarn_amplitude_is_the_plain_rule_not_the_mscale_ratio():
     assert parse_drafter_config(raw).rope_attention_factor == 1.0
 
 
-def _hf_rotary(raw: dict):
-    qwen3 = pytest.importorskip("transformers.models.qwen3.modeling_qwen3")
-    from transformers import Qwen3Config
-
-    fields = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
-              "rope_theta", "rope_scaling")
-    return qwen3.Qwen3RotaryEmbedding(Qwen3Config(**{k: raw[k] for k in fields}))
-
-
 def test_yarn_frequencies_match_transformers_and_only_the_amplitude_departs():
     """transformers' Qwen3 rotary on the published config: the same frequencies, but amplitude 1.0 (the mscale
     ratio), which is what this drafter must not run with (ddtree.drafter._parse_rope says why)."""
+    qwen3 = pytest.importorskip("transformers.models.qwen3.modeling_qwen3")
+    from transformers import Qwen3Config
+
     raw = kimi_dflash_config_json("real")
-    rotary = _hf_rotary(raw)
+    fields = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+              "rope_theta", "rope_scaling")
+    rotary = qwen3.Qwen3RotaryEmbedding(Qwen3Config(**{k: raw[k] for k in fields}))
     rope = Rope.from_drafter_config(parse_drafter_config(raw))
     np.testing.assert_allclose(rope.inv_freq, rotary.inv_freq.numpy(), rtol=1e-6)
     assert rotary.attention_scaling == 1.0 and rope.attention_factor == pytest.approx(PLAIN_AMPLITUDE_64)
