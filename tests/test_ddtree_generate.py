@@ -69,8 +69,8 @@ class OracleDrafter:
         self.continuation, self.prompt_length = continuation, prompt_length
         self.rng = np.random.default_rng(seed)
 
-    def new_cache(self):
-        return self.inner.new_cache()
+    def new_cache(self, window=None):
+        return self.inner.new_cache(window)
 
     def draft(self, cache, context, bonus_token, start):
         logits = self.inner.draft(cache, context, bonus_token, start)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ddtree import bf16
-from ddtree.config import load_config
+from ddtree.config import RopeConfig, load_config
 from ddtree.drafter import (
     DrafterConfig,
     default_target_layer_ids,
@@ -38,9 +38,9 @@ def qwen3_8b_dflash_config() -> dict:
 
 
 SMALL = DrafterConfig(hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=16, vocab_size=37, rms_norm_eps=1e-6, rope_theta=10000.0,
-                      max_position_embeddings=4096, block_size=6, mask_token_id=36, num_target_layers=5,
-                      target_layer_ids=(1, 3))
+                      num_key_value_heads=2, head_dim=16, vocab_size=37, rms_norm_eps=1e-6, rope=RopeConfig(10000.0),
+                      rope_attention_factor=1.0, max_position_embeddings=4096, block_size=6, mask_token_id=36,
+                      num_target_layers=5, target_layer_ids=(1, 3))
 
 
 def test_real_zlab_config_parses():
@@ -67,7 +67,29 @@ def test_config_round_trip():
     (lambda c: c.update(block_size=1), "block_size"),
     (lambda c: c.update(use_sliding_window=True), "use_sliding_window"),
     (lambda c: c.update(layer_types=["sliding_attention"] * 5), "layer_types"),
-    (lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_scaling"),
+    (lambda c: c.update(rope_scaling=[64.0]), "rope_scaling"),
+    (lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": 4.0}), "rope_type"),
+    (lambda c: c.update(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5}), "rope_type"),
+    (lambda c: c.update(rope_scaling={"type": "dynamic", "factor": 4.0}), "type"),
+    (lambda c: c.update(rope_scaling={"rope_type": "yarn", "type": "linear", "factor": 4.0,
+                                      "original_max_position_embeddings": 4096}), "type"),
+    (lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "original_max_position_embeddings"),
+    (lambda c: c.update(rope_scaling={"rope_type": "yarn", "original_max_position_embeddings": 4096}), "factor"),
+    (lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 0.5,
+                                      "original_max_position_embeddings": 4096}), "factor"),
+    (lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096,
+                                      "beta_fast": 0.0}), "beta_fast"),
+    (lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096,
+                                      "mscale": 1.0, "mscale_all_dim": 0.707}), "mscale_all_dim"),
+    (lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096,
+                                      "attention_factor": -1.0}), "attention_factor"),
+    (lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096,
+                                      "truncate": False}), "truncate"),
+    (lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096,
+                                      "low_freq_factor": 1.0}), "low_freq_factor"),
+    (lambda c: c.update(rope_scaling={"rope_type": "default", "factor": 4.0}), "factor"),
+    (lambda c: c.update(rope_parameters={"rope_type": "default", "rope_theta": -1.0}), "rope_theta"),
+    (lambda c: c.update(partial_rotary_factor=0.5), "partial_rotary_factor"),
     (lambda c: c.update(hidden_act="gelu"), "hidden_act"),
     (lambda c: c.update(hidden_size="4096"), "hidden_size"),
     (lambda c: c.pop("intermediate_size"), "intermediate_size"),
@@ -131,15 +153,18 @@ def _random_drafter(cfg: DrafterConfig, seed: int) -> ReferenceDrafter:
 
 
 def _torch_draft(drafter: ReferenceDrafter, context: np.ndarray, bonus: int, start: int) -> np.ndarray:
-    """DFlash forward with transformers' Qwen3 RMSNorm / rotary / rotate-half and torch SDPA (no cache)."""
+    """DFlash forward with transformers' Qwen3 RMSNorm / rotary (YaRN included) / rotate-half and torch SDPA
+    (no cache). The rope_scaling the drafter's config writes states its YaRN amplitude explicitly: left to
+    itself transformers would apply the mscale ratio (ddtree.drafter._parse_rope says why the drafter does not)."""
     torch = pytest.importorskip("torch")
     qwen3 = pytest.importorskip("transformers.models.qwen3.modeling_qwen3")
     from transformers import Qwen3Config
 
     c, w = drafter.config, {k: torch.from_numpy(v) for k, v in drafter.weights.items()}
     hf = Qwen3Config(hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads,
-                     num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rope_theta=c.rope_theta,
-                     rms_norm_eps=c.rms_norm_eps)
+                     num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
+                     max_position_embeddings=c.max_position_embeddings, rope_theta=c.rope.theta,
+                     rope_scaling=c.to_dict()["rope_scaling"])
 
     def norm(x, weight):
         module = qwen3.Qwen3RMSNorm(weight.shape[0], eps=c.rms_norm_eps)

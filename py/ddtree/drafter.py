@@ -3,8 +3,9 @@
 The format is the z-lab DFlash one: a Qwen3-style config (``architectures: ["DFlashDraftModel"]``) whose
 ``dflash_config`` object carries ``target_layer_ids`` and ``mask_token_id`` (``block_size`` may sit there or at
 the top level), and tensors named ``layers.{i}.*``, ``fc.weight``, ``hidden_norm.weight``, ``norm.weight``.
-The drafter has no embedding or LM head of its own: it uses the target's. Every unsupported option is rejected
-with the field named, so a drafter is never run under assumptions it does not meet.
+The drafter has no embedding or LM head of its own: it uses the target's. RoPE is plain or YaRN (``rope_scaling``
+or, as transformers 5 writes it, ``rope_parameters``), as the z-lab/Kimi-K2.5-DFlash drafter uses it. Every
+unsupported option is rejected with the field named, so a drafter is never run under assumptions it does not meet.
 """
 
 from __future__ import annotations
@@ -19,8 +20,13 @@ import numpy as np
 
 from ddtree import bf16
 from ddtree.checkpoint import Checkpoint, TensorSpec, write_tensor_dir
-from ddtree.config import Fields, ModelConfig, read_config_json
+from ddtree.config import Fields, ModelConfig, RopeConfig, read_config_json, yarn_mscale
 from ddtree.errors import ConfigError
+
+# What a YaRN rope_scaling object may hold ("rope_theta" only in the rope_parameters form); anything else is
+# rejected by name rather than ignored.
+YARN_FIELDS = ("rope_type", "type", "rope_theta", "factor", "original_max_position_embeddings", "beta_fast",
+               "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +39,8 @@ class DrafterConfig:
     head_dim: int
     vocab_size: int
     rms_norm_eps: float
-    rope_theta: float
+    rope: RopeConfig  # over the whole head_dim, rotate-half layout; its mscale fields set no amplitude here
+    rope_attention_factor: float  # the cos/sin amplitude (_parse_rope says why it is not the target's rule)
     max_position_embeddings: int
     block_size: int
     mask_token_id: int
@@ -58,8 +65,12 @@ class DrafterConfig:
             "head_dim": self.head_dim,
             "vocab_size": self.vocab_size,
             "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "rope_scaling": None,
+            "rope_theta": self.rope.theta,
+            "rope_scaling": None if self.rope.kind != "yarn" else {
+                "rope_type": "yarn", "factor": self.rope.factor,
+                "original_max_position_embeddings": self.rope.original_max_position_embeddings,
+                "beta_fast": self.rope.beta_fast, "beta_slow": self.rope.beta_slow, "mscale": self.rope.mscale,
+                "mscale_all_dim": self.rope.mscale_all_dim, "attention_factor": self.rope_attention_factor},
             "max_position_embeddings": self.max_position_embeddings,
             "hidden_act": "silu",
             "attention_bias": False,
@@ -98,9 +109,7 @@ def parse_drafter_config(raw: Any, where: str = "config.json", target: ModelConf
                          ("final_logit_softcapping", (None, 0, 0.0))):
         f.reject_unless(key, allowed)
     d.reject_unless("sample_from_anchor", (False,))
-    if raw.get("rope_scaling") is not None or isinstance(raw.get("rope_parameters"), dict) and \
-            raw["rope_parameters"].get("rope_type", "default") != "default":
-        raise f.fail("rope_scaling", "is set; ddtree's drafter supports plain RoPE only")
+    f.reject_unless("partial_rotary_factor", (1, 1.0))
 
     hidden = f.positive("hidden_size")
     layers = f.positive("num_hidden_layers")
@@ -119,10 +128,7 @@ def parse_drafter_config(raw: Any, where: str = "config.json", target: ModelConf
     eps = f.get("rms_norm_eps", float, 1e-6)
     if not 0 < eps < 1:
         raise f.fail("rms_norm_eps", f"must be in (0, 1), got {eps}")
-    params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
-    theta = Fields(params, f"{where}: rope_parameters").get("rope_theta", float, f.get("rope_theta", float, 10000.0))
-    if theta <= 0:
-        raise f.fail("rope_theta", f"must be positive, got {theta}")
+    rope, rope_attention_factor = _parse_rope(f)
     vocab = f.positive("vocab_size")
 
     # DFlash reads these from dflash_config first, then from the top level.
@@ -156,10 +162,67 @@ def parse_drafter_config(raw: Any, where: str = "config.json", target: ModelConf
     return DrafterConfig(
         hidden_size=hidden, intermediate_size=f.positive("intermediate_size"), num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim, vocab_size=vocab,
-        rms_norm_eps=eps, rope_theta=theta,
+        rms_norm_eps=eps, rope=rope, rope_attention_factor=rope_attention_factor,
         max_position_embeddings=f.positive("max_position_embeddings", 1 << 17),
         block_size=block_size, mask_token_id=mask_token, num_target_layers=n_target, target_layer_ids=ids,
     )
+
+
+def _parse_rope(f: Fields) -> tuple[RopeConfig, float]:
+    """The drafter's RoPE and its cos/sin amplitude, from ``rope_scaling`` (transformers 4) or, when that is
+    absent, ``rope_parameters`` (transformers 5, which also carries rope_theta): plain, or YaRN with its
+    frequencies computed as transformers computes them (floored/ceiled correction range).
+
+    The YaRN amplitude is the config's ``attention_factor`` when it sets one, else 0.1 ln(factor) + 1 (about
+    1.416 at factor 64) whatever ``mscale`` and ``mscale_all_dim`` say. Not the target's rule (their ratio,
+    1.0 when both are 1; reference/rope.py): a drafter must run with the amplitude it was trained and measured
+    with, and for DFlash drafters that is the plain-YaRN rule of the serving stacks, which ignore the mscale
+    fields. The published Kimi-K2.5-DFlash acceptance lengths were measured on SGLang; vLLM-Ascend pins
+    0.1 ln(64) + 1 for exactly this config because honouring the mscale ratio (vLLM #56446) lowered acceptance.
+    transformers' Qwen3 rotary, which z-lab's reference code calls, applies the ratio and gives 1.0 here. A
+    config whose two mscale fields differ (both set) is rejected: there the rules disagree beyond this case.
+    The softmax scale stays head_dim^-0.5 either way (Qwen3 attention has no YaRN correction of its own)."""
+    key, scaling = "rope_scaling", f.data.get("rope_scaling")
+    if scaling is None and isinstance(f.data.get("rope_parameters"), dict):
+        key, scaling = "rope_parameters", f.data["rope_parameters"]
+    if scaling is not None and not isinstance(scaling, dict):
+        raise f.fail(key, f"must be an object, got {scaling!r}")
+    s = Fields(scaling or {}, f"{f.where}: {key}")
+    theta_fields = s if "rope_theta" in s.data else f
+    theta = theta_fields.get("rope_theta", float, 10000.0)
+    if theta <= 0:
+        raise theta_fields.fail("rope_theta", f"must be positive, got {theta}")
+    kind_key = "rope_type" if "rope_type" in s.data else "type"
+    kind = s.data.get(kind_key, "default")
+    if "type" in s.data and s.data["type"] != kind:  # older configs spell it `type`, some write both
+        raise s.fail("type", f"is {s.data['type']!r} but rope_type is {kind!r}")
+    if kind not in ("default", "yarn"):
+        raise s.fail(kind_key, f"is {kind!r}; ddtree's drafter supports 'default' and 'yarn'")
+    allowed = YARN_FIELDS if kind == "yarn" else ("rope_type", "type", "rope_theta")
+    for name in s.data:
+        if name not in allowed:
+            raise s.fail(name, f"is not a parameter of {kind!r} RoPE that ddtree's drafter implements")
+    if kind == "default":
+        return RopeConfig(theta), 1.0
+    s.reject_unless("truncate", (True,))
+    factor = s.get("factor", float)
+    if factor < 1.0:
+        raise s.fail("factor", f"must be >= 1, got {factor}")
+    betas = {name: s.get(name, float, default) for name, default in (("beta_fast", 32.0), ("beta_slow", 1.0))}
+    for name, value in betas.items():
+        if value <= 0:
+            raise s.fail(name, f"must be positive, got {value}")
+    mscale, mscale_all_dim = s.get("mscale", float, 1.0), s.get("mscale_all_dim", float, 0.0)
+    if mscale and mscale_all_dim and mscale != mscale_all_dim:
+        raise s.fail("mscale_all_dim", f"is {mscale_all_dim} and mscale {mscale}; ddtree's drafter runs YaRN "
+                                       "with the plain amplitude, which only equal (or absent) values leave "
+                                       "unambiguous")
+    attention_factor = s.get("attention_factor", float, yarn_mscale(factor, 1.0))
+    if attention_factor <= 0:
+        raise s.fail("attention_factor", f"must be positive, got {attention_factor}")
+    rope = RopeConfig(theta, "yarn", factor, s.positive("original_max_position_embeddings"), betas["beta_fast"],
+                      betas["beta_slow"], mscale, mscale_all_dim)
+    return rope, attention_factor
 
 
 def load_drafter_config(drafter_dir: str | Path, target: ModelConfig | None = None) -> DrafterConfig:
@@ -200,12 +263,19 @@ def open_drafter(drafter_dir: str | Path, target: ModelConfig | None = None) -> 
     return cfg, Checkpoint(drafter_dir, cfg, drafter_tensor_specs(cfg))  # type: ignore[arg-type]
 
 
-def write_drafter(drafter_dir: str | Path, cfg: DrafterConfig, tensors: Mapping[str, np.ndarray]) -> None:
-    """Write config.json, one bf16 safetensors shard per layer (plus one for fc/norms) and the index."""
+def write_drafter(drafter_dir: str | Path, cfg: DrafterConfig, tensors: Mapping[str, np.ndarray],
+                  config_json: Mapping[str, Any] | None = None) -> None:
+    """Write config.json, one bf16 safetensors shard per layer (plus one for fc/norms) and the index.
+    ``config_json`` (default ``cfg.to_dict()``) is written as given, e.g. a published config replicated field
+    for field; it must parse to ``cfg``."""
+    if config_json is None:
+        config_json = cfg.to_dict()
+    elif parse_drafter_config(dict(config_json)) != cfg:
+        raise ValueError("config_json does not describe the drafter config it is written with")
     specs = drafter_tensor_specs(cfg)
     shards = [[n for n in specs if not n.startswith("layers.")]]
     shards += [[n for n in specs if n.startswith(f"layers.{i}.")] for i in range(cfg.num_hidden_layers)]
-    write_tensor_dir(drafter_dir, cfg.to_dict(), specs, tensors, shards)
+    write_tensor_dir(drafter_dir, config_json, specs, tensors, shards)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +313,7 @@ def drafter_config_for(target: ModelConfig, preset: str) -> DrafterConfig:
         hidden_size=target.hidden_size, intermediate_size=p.intermediate_size,
         num_hidden_layers=p.num_hidden_layers, num_attention_heads=p.num_attention_heads,
         num_key_value_heads=p.num_key_value_heads, head_dim=p.head_dim, vocab_size=target.vocab_size,
-        rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope.theta,
+        rms_norm_eps=target.rms_norm_eps, rope=RopeConfig(target.rope.theta), rope_attention_factor=1.0,
         max_position_embeddings=target.max_position_embeddings, block_size=p.block_size,
         mask_token_id=target.vocab_size - 1, num_target_layers=n_target, target_layer_ids=ids,
     )

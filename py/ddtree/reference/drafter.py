@@ -4,10 +4,15 @@ Per round the drafter sees
 - the context: the concatenated tapped target hidden states of the tokens committed since its last call, at
   their absolute positions ``[start - a, start)``; ``fc`` + ``hidden_norm`` project them to hidden size and every
   layer turns them into K/V with its own ``k_proj``/``v_proj`` (and ``k_norm``, RoPE). These rows are appended
-  to the draft KV cache, which therefore holds exactly one row per committed token;
+  to the draft KV cache, which (without a window) holds exactly one row per committed token;
 - the block ``[bonus, MASK x (B - 1)]`` at positions ``[start, start + B)``, embedded with the target's
   embedding. Block queries attend to every cached context row and bidirectionally to the whole block (no
   mask); block K/V are used in this call only and never cached.
+An optional context window W (serving stacks run this drafter with W = 4096 on long prompts) limits the cache to
+the last W committed rows: block queries then see rows ``[max(start - W, 0), start)`` only, still at their absolute
+positions, and the cache never holds more than W rows per layer.
+RoPE is plain or YaRN over the whole head_dim, in the rotate-half layout, with the amplitude
+DrafterConfig.rope_attention_factor (ddtree.drafter says why it is not the target's).
 The final-normed block hidden states at positions 1..B-1 go through the target's LM head: B - 1 per-depth
 logits, the distribution of the token at depth d = 1..B-1 below the bonus.
 """
@@ -24,16 +29,19 @@ from ddtree import bf16
 from ddtree.drafter import DrafterConfig, drafter_tensor_specs, open_drafter
 from ddtree.reference.layers import linear, rms_norm, softmax, swiglu_mlp
 from ddtree.reference.model import ReferenceModel
-from ddtree.reference.rope import Rope, rope_inv_freq
+from ddtree.reference.rope import Rope
 
 
 @dataclass
 class DraftCache:
-    """Per-layer K (after k_norm and RoPE) and V rows of the committed context: [length, kv_heads, head_dim]."""
+    """Per-layer K (after k_norm and RoPE) and V rows [rows, kv_heads, head_dim] of the committed context.
+    ``length`` tokens are committed; the rows held are those of positions ``[length - rows, length)``: all of
+    them, or with a ``window`` the last ``min(window, length)``."""
 
     keys: list[np.ndarray]
     values: list[np.ndarray]
     length: int = 0
+    window: int | None = None
 
 
 class ReferenceDrafter:
@@ -57,8 +65,7 @@ class ReferenceDrafter:
         self.weights = {name: bf16.as_float32(weights[name]) for name in specs}
         self.embed_tokens = np.asarray(embed_tokens)  # rows are widened when used: the table is vocab x hidden
         self.lm_head = bf16.as_float32(lm_head)
-        self.rope = Rope(rope_inv_freq(config.rope_theta, config.head_dim).astype(np.float32), 1.0,
-                         interleave=False)
+        self.rope = Rope.from_drafter_config(config)
 
     @classmethod
     def for_model(cls, drafter_dir: str | Path, model: ReferenceModel) -> ReferenceDrafter:
@@ -67,10 +74,13 @@ class ReferenceDrafter:
         config, weights = open_drafter(drafter_dir, model.config)
         return cls(config, weights, model.embedding_table(), model.lm_head())
 
-    def new_cache(self) -> DraftCache:
+    def new_cache(self, window: int | None = None) -> DraftCache:
+        """An empty draft cache; ``window`` (None: unbounded) keeps only the last ``window`` committed rows."""
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be a positive integer or None, got {window!r}")
         c = self.config
         empty = np.zeros((0, c.num_key_value_heads, c.head_dim), dtype=np.float32)
-        return DraftCache([empty] * c.num_hidden_layers, [empty] * c.num_hidden_layers)
+        return DraftCache([empty] * c.num_hidden_layers, [empty] * c.num_hidden_layers, window=window)
 
     def _kv(self, layer: str, x: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         c, w = self.config, self.weights
@@ -80,21 +90,25 @@ class ReferenceDrafter:
         return self.rope.apply(k, *self.rope.cos_sin(positions)), v
 
     def draft(self, cache: DraftCache, context: np.ndarray, bonus_token: int, start: int) -> np.ndarray:
-        """Append the context rows (committed tokens ``[start - a, start)``) to ``cache`` and return the
-        float32 [B - 1, vocab] logits of depths 1..B-1 below ``bonus_token`` (the token at position ``start``)."""
+        """Append the context rows (committed tokens ``[start - a, start)``) to ``cache`` (dropping rows that
+        fall out of its window) and return the float32 [B - 1, vocab] logits of depths 1..B-1 below
+        ``bonus_token`` (the token at position ``start``)."""
         c, w = self.config, self.weights
         context = np.asarray(context, dtype=np.float32)
         if context.ndim != 2 or context.shape[1] != c.context_width:
             raise ValueError(f"context must be [rows, {c.context_width}], got shape {context.shape}")
         rows = context.shape[0]
         if cache.length + rows != start:
-            raise ValueError(f"draft cache holds {cache.length} rows and {rows} context rows arrive, "
+            raise ValueError(f"draft cache has {cache.length} committed rows and {rows} context rows arrive, "
                              f"but the block starts at position {start}")
         if not 0 <= bonus_token < c.vocab_size:
             raise ValueError(f"bonus_token {bonus_token} is outside the vocabulary of {c.vocab_size}")
-        ctx_positions = np.arange(start - rows, start)
+        # Rows are projected independently, so rows already outside the window need not be projected at all.
+        kept = rows if cache.window is None else min(rows, cache.window)
+        oldest = None if cache.window is None else -cache.window  # slice start of the rows the cache keeps
+        ctx_positions = np.arange(start - kept, start)
         block_positions = np.arange(start, start + c.block_size)
-        ctx = rms_norm(linear(context, w["fc.weight"]), w["hidden_norm.weight"], c.rms_norm_eps)
+        ctx = rms_norm(linear(context[rows - kept:], w["fc.weight"]), w["hidden_norm.weight"], c.rms_norm_eps)
         ids = np.full(c.block_size, c.mask_token_id, dtype=np.int64)
         ids[0] = bonus_token
         x = bf16.as_float32(self.embed_tokens[ids])
@@ -106,8 +120,8 @@ class ReferenceDrafter:
             q = linear(h, w[f"{layer}.self_attn.q_proj.weight"]).reshape(-1, c.num_attention_heads, c.head_dim)
             q = self.rope.apply(rms_norm(q, w[f"{layer}.self_attn.q_norm.weight"], c.rms_norm_eps), q_cos, q_sin)
             k_ctx, v_ctx = self._kv(layer, ctx, ctx_positions)
-            cache.keys[i] = np.concatenate([cache.keys[i], k_ctx])
-            cache.values[i] = np.concatenate([cache.values[i], v_ctx])
+            cache.keys[i] = np.concatenate([cache.keys[i], k_ctx])[oldest:]
+            cache.values[i] = np.concatenate([cache.values[i], v_ctx])[oldest:]
             k_blk, v_blk = self._kv(layer, h, block_positions)
             keys = np.repeat(np.concatenate([cache.keys[i], k_blk]), group, axis=1)  # [keys, heads, hd]
             values = np.repeat(np.concatenate([cache.values[i], v_blk]), group, axis=1)

@@ -30,11 +30,12 @@ from ddtree.results import GenerationResult
 def generate(model: ReferenceModel, drafter: ReferenceDrafter | None, prompt_ids: Sequence[int] | np.ndarray,
              max_new_tokens: int, method: str = "ar", budget: int | None = None, temperature: float = 0.0,
              seed: int = 0, stop_token_ids: Sequence[int] = (),
-             on_tokens: Callable[[int], None] | None = None) -> GenerationResult:
+             on_tokens: Callable[[int], None] | None = None, draft_window: int | None = None) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` (fewer when a stop token is emitted; it is
     kept). ``method`` "ar" needs no drafter; "ddtree" runs one round per tree with ``budget`` nodes (default
     block_size - 1, the reference's default) and records each round's acceptance length (accepted nodes
-    including the root, as the reference counts it). ``on_tokens`` is called with the number of tokens emitted
+    including the root, as the reference counts it). ``draft_window`` (None: unbounded) lets the drafter attend
+    to the last ``draft_window`` committed tokens only. ``on_tokens`` is called with the number of tokens emitted
     so far whenever it grows (progress displays)."""
     prompt = check_token_ids(prompt_ids, model.config.vocab_size)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -58,7 +59,11 @@ def generate(model: ReferenceModel, drafter: ReferenceDrafter | None, prompt_ids
     budget = c.block_size - 1 if budget is None else budget
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
         raise RequestError(f"budget must be a non-negative integer, got {budget!r}")
-    return _ddtree(model, drafter, prompt, max_new_tokens, budget, temperature, rng, stops, progress)
+    if draft_window is not None and (isinstance(draft_window, bool) or not isinstance(draft_window, int)
+                                     or draft_window < 1):
+        raise RequestError(f"draft_window must be a positive integer or None, got {draft_window!r}")
+    return _ddtree(model, drafter, prompt, max_new_tokens, budget, temperature, rng, stops, progress,
+                   draft_window)
 
 
 def _finish(tokens: list[int], max_new_tokens: int, stops: set[int]) -> tuple[list[int], bool]:
@@ -91,7 +96,7 @@ def _autoregressive(model: ReferenceModel, prompt: np.ndarray, max_new_tokens: i
 
 def _ddtree(model: ReferenceModel, drafter: ReferenceDrafter, prompt: np.ndarray, max_new_tokens: int,
             budget: int, temperature: float, rng: np.random.Generator, stops: set[int],
-            progress: Callable[[int], None]) -> GenerationResult:
+            progress: Callable[[int], None], draft_window: int | None) -> GenerationResult:
     begin = time.perf_counter()
     taps = drafter.config.target_layer_ids
     if max_new_tokens == 0:
@@ -101,7 +106,7 @@ def _ddtree(model: ReferenceModel, drafter: ReferenceDrafter, prompt: np.ndarray
     bonus = int(target_choices(out.logits[-1:], temperature, rng)[0])
     context = next_context([out.hidden[layer] for layer in taps], np.arange(prompt.size))
     prefill = time.perf_counter() - begin
-    draft_cache = drafter.new_cache()
+    draft_cache = drafter.new_cache(draft_window)
     start = prompt.size  # committed rows in both caches; the bonus sits at position `start`
     tokens, done = _finish([bonus], max_new_tokens, stops)
     accept_lengths: list[int] = []

@@ -12,6 +12,8 @@
   (rotate-half layout) dims (i, i + d/2) do. The rotated pair is written back to the same two dims. HF's
   interleaved path writes the rotated pairs de-interleaved instead; the permutation is the same for queries and
   keys, so every q.k product, and hence the model, is identical.
+The DFlash drafter uses the same frequencies over its whole head_dim in the rotate-half layout, with its own
+attention factor (DrafterConfig.rope_attention_factor; ddtree.drafter._parse_rope says why it differs).
 """
 
 from __future__ import annotations
@@ -22,11 +24,26 @@ from dataclasses import dataclass
 import numpy as np
 
 from ddtree.config import ModelConfig, yarn_mscale
+from ddtree.drafter import DrafterConfig
 
 
 def rope_inv_freq(theta: float, dim: int) -> np.ndarray:
     """Plain RoPE frequencies theta^(-2i/dim), i < dim/2, in float64."""
     return 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+
+
+def yarn_inv_freq(theta: float, dim: int, factor: float, beta_fast: float, beta_slow: float,
+                  original_max: int) -> np.ndarray:
+    """YaRN frequencies in float64: each plain frequency blended between itself (extrapolation) and itself
+    divided by `factor` (interpolation), the interpolation weight ramping linearly from 0 to 1 over the
+    correction dims of beta_fast .. beta_slow rotations."""
+    inv_freq = rope_inv_freq(theta, dim)
+    low, high = _yarn_correction_range(beta_fast, beta_slow, dim, theta, original_max)
+    if low == high:
+        high += 0.001  # as HF: avoid a zero-width ramp
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
+    extrapolation_weight = 1.0 - ramp
+    return inv_freq / factor * ramp + inv_freq * extrapolation_weight
 
 
 @dataclass(frozen=True)
@@ -41,18 +58,21 @@ class Rope:
         inv_freq = rope_inv_freq(r.theta, dim)
         attention_factor = 1.0
         if r.kind == "yarn":
-            low, high = _yarn_correction_range(r.beta_fast, r.beta_slow, dim, r.theta,
-                                               r.original_max_position_embeddings)
-            if low == high:
-                high += 0.001  # as HF: avoid a zero-width ramp
-            ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
-            extrapolation_weight = 1.0 - ramp
-            inv_freq = inv_freq / r.factor * ramp + inv_freq * extrapolation_weight
+            inv_freq = yarn_inv_freq(r.theta, dim, r.factor, r.beta_fast, r.beta_slow,
+                                     r.original_max_position_embeddings)
             if r.mscale and r.mscale_all_dim:
                 attention_factor = yarn_mscale(r.factor, r.mscale) / yarn_mscale(r.factor, r.mscale_all_dim)
             else:
                 attention_factor = yarn_mscale(r.factor, 1.0)
         return cls(inv_freq.astype(np.float32), attention_factor, cfg.rope_interleave)
+
+    @classmethod
+    def from_drafter_config(cls, cfg: DrafterConfig) -> Rope:
+        """The DFlash drafter's RoPE: over the whole head_dim, rotate-half layout, its own amplitude."""
+        r = cfg.rope
+        inv_freq = rope_inv_freq(r.theta, cfg.head_dim) if r.kind != "yarn" else yarn_inv_freq(
+            r.theta, cfg.head_dim, r.factor, r.beta_fast, r.beta_slow, r.original_max_position_embeddings)
+        return cls(inv_freq.astype(np.float32), cfg.rope_attention_factor, interleave=False)
 
     def cos_sin(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """[n, d / 2] cos and sin of each position's angles, times the attention factor."""
