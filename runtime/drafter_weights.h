@@ -1,0 +1,77 @@
+// The DFlash drafter's weights on the device, in the layouts its forward reads:
+// - per layer q_proj, k_proj and v_proj stacked into one [q_dim + 2 kv_dim, hidden] projection (the block's
+//   queries, keys and values in one GEMM; the context's keys and values read its last 2 kv_dim rows);
+// - gate_proj / up_proj interleaved in blocks of 8 rows for the GEMM's fused SiLU epilogue;
+// - no embedding or LM head: the target's, borrowed from its Weights (the drafter must not outlive them).
+// Uploads are by HF tensor name from host memory, each checked against the expected byte size.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common.cuh"
+#include "device_arena.h"
+
+namespace ddtree {
+
+struct DrafterDims {
+    int hidden = 0, inter = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0, block = 0, taps = 0;
+    int mask_token = 0;
+    float rms_eps = 0.f;
+
+    int q_dim() const { return heads * head_dim; }
+    int kv_dim() const { return kv_heads * head_dim; }
+    int qkv() const { return q_dim() + 2 * kv_dim(); }
+    int context_width() const { return taps * hidden; }
+};
+
+struct DrafterLayerWeights {
+    kernels::bf16 *input_norm = nullptr, *post_norm = nullptr, *qkv = nullptr, *q_norm = nullptr, *k_norm = nullptr;
+    kernels::bf16 *o_proj = nullptr, *gate_up = nullptr, *down = nullptr;
+};
+
+class DrafterWeights {
+  public:
+    // Lays out every drafter tensor from `arena` (a counting arena only counts them); embed and lm_head
+    // [vocab, hidden] are the target's.
+    DrafterWeights(const DrafterDims& dims, const kernels::bf16* embed, const kernels::bf16* lm_head,
+                   DeviceArena& arena, cudaStream_t stream);
+    ~DrafterWeights();
+    DrafterWeights(const DrafterWeights&) = delete;
+    DrafterWeights& operator=(const DrafterWeights&) = delete;
+
+    // Copies one tensor (its checkpoint name, e.g. "layers.0.self_attn.q_proj.weight"). Throws
+    // std::invalid_argument naming the tensor for an unknown name or a wrong byte size.
+    void upload(const std::string& name, const void* host, size_t bytes);
+    // Random weights of the right scale in every tensor (tests and benchmarks at K2 dims without a checkpoint).
+    void randomize(uint64_t seed);
+    // The first tensor not uploaded yet ("" when complete).
+    std::string missing() const;
+
+    const kernels::bf16 *embed, *lm_head;
+    kernels::bf16 *fc = nullptr, *hidden_norm = nullptr, *final_norm = nullptr;
+    std::vector<DrafterLayerWeights> layers;
+
+  private:
+    enum class Kind { kPlain, kGate, kUp };
+    struct Slot {
+        kernels::bf16* dst;
+        size_t bytes;
+        Kind kind;
+        int layer;
+        bool uploaded = false;
+    };
+    void add(const std::string& name, kernels::bf16* dst, size_t bytes, Kind kind = Kind::kPlain, int layer = -1);
+    void interleave_if_ready(int layer);
+
+    DrafterDims dims_;
+    cudaStream_t stream_;
+    bool counting_;
+    std::map<std::string, Slot> slots_;
+    std::vector<kernels::bf16*> gate_stage_, up_stage_;  // gate/up rows until both halves arrived
+};
+
+}  // namespace ddtree
