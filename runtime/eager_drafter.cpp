@@ -168,6 +168,7 @@ DraftBlockRows EagerDrafter::stage_block(const std::vector<int32_t>& streams, co
     }
     CUDA_CHECK(cudaSetDevice(device_));
     CUDA_CHECK(cudaMemcpyAsync(block_tables_, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // `tables` ends with this call
     const int32_t* t = block_tables_;
     return DraftBlockRows{t, t + n * b, t + 2 * n * b, t + 2 * n * b + n, t + 2 * n * b + 2 * n, n, span};
 }
