@@ -15,14 +15,17 @@ constexpr int kKeyTile = 64;  // keys per pass through shared memory
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kGqaChunkKeys % kKeyTile == 0, "a chunk is whole key tiles");
 
-// Shared memory of a CTA for head_dim hd: the scaled queries (fp32), one key tile (bf16 pairs, rows padded by one
-// word so that the 16 keys a warp reads at once fall in distinct banks), one value tile, the tile's scores and
-// probabilities, and each query's running max, sum and rescale factor.
+// Shared memory of a CTA for head_dim hd: the queries and one key tile (bf16 rows of hd rounded up to whole
+// k16 steps, zero-padded, plus 8 elements so that the fragment loads of a warp fall in distinct banks), the value
+// tile transposed (the P.V product's B operand is value columns), the tile's scores and probabilities (fp32), and
+// each query pair's running max, sum and rescale factor.
 struct Smem {
-    __host__ __device__ static int key_words(int hd) { return hd / 2 + 1; }
+    static constexpr int kValueLd = kKeyTile + 8;
+    __host__ __device__ static int padded(int hd) { return (hd + 15) / 16 * 16; }
+    __host__ __device__ static int ld(int hd) { return padded(hd) + 8; }
     static size_t bytes(int hd) {
-        return sizeof(float) * kQTile * hd + sizeof(uint32_t) * kKeyTile * key_words(hd) +
-               sizeof(bf16) * kKeyTile * hd + sizeof(float) * kQTile * (kKeyTile + 1) + sizeof(float) * 3 * kQTile;
+        return sizeof(bf16) * (2 * kQTile * ld(hd) + hd * kValueLd) + sizeof(float) * kQTile * (kKeyTile + 1) +
+               sizeof(float) * 3 * kQTile;
     }
 };
 
@@ -39,17 +42,21 @@ struct Partials {
     }
 };
 
-// kCols: value columns per lane (head_dim <= 32 kCols).
-template <int kCols>
+__device__ __forceinline__ uint32_t smem_word(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// Tensor-core tiles (mma m16n8k16, fragment layout in gemm_mma.cuh; g = lane / 4, t = lane % 4). Scores: warp w
+// takes query rows 16 (w / 2) .. + 15 and keys 32 (w % 2) .. + 31. P.V: warp w takes query rows 16 (w % 4) .. + 15
+// and value columns 8 n for the kNT column tiles n = (w / 4) kNT + j that exist (head_dim / 8 of them).
+template <int kNT>
 __global__ void __launch_bounds__(kThreads)
     gqa_chunk_kernel(const bf16* __restrict__ q, GqaKeys keys, GqaDims d, float scale_log2, int max_chunks,
                      Partials part) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    const int hd = d.head_dim, kw = Smem::key_words(hd);
-    float* q_s = reinterpret_cast<float*>(smem_raw);
-    uint32_t* k_s = reinterpret_cast<uint32_t*>(q_s + kQTile * hd);
-    bf16* v_s = reinterpret_cast<bf16*>(k_s + kKeyTile * kw);
-    float* p_s = reinterpret_cast<float*>(v_s + kKeyTile * hd);
+    const int hd = d.head_dim, hd16 = Smem::padded(hd), ld = Smem::ld(hd);
+    bf16* q_s = reinterpret_cast<bf16*>(smem_raw);
+    bf16* k_s = q_s + kQTile * ld;
+    bf16* vt_s = k_s + kKeyTile * ld;
+    float* p_s = reinterpret_cast<float*>(vt_s + hd * Smem::kValueLd);
     float* row_m = p_s + kQTile * (kKeyTile + 1);
     float* row_l = row_m + kQTile;
     float* row_alpha = row_l + kQTile;
@@ -63,33 +70,33 @@ __global__ void __launch_bounds__(kThreads)
     const int key0 = chunk * kGqaChunkKeys;
     if (key0 >= n_keys) return;
     const int key_end = min(key0 + kGqaChunkKeys, n_keys);
-    const int t = threadIdx.x;
+    const int t = threadIdx.x, warp = t / 32, lane = t % 32, g = lane / 4, tq = lane % 4;
 
-    // Query pair p = (block row p / group, head kvh * group + p % group), scaled into log2 units.
-    for (int i = t; i < kQTile * hd; i += kThreads) {
-        const int p = q0 + i / hd, e = i % hd;
-        float v = 0.f;
-        if (p < pairs) {
+    // Query pair p = (block row p / group, head kvh * group + p % group); zeros past the pairs and head_dim.
+    for (int i = t; i < kQTile * hd16; i += kThreads) {
+        const int p = q0 + i / hd16, e = i % hd16;
+        bf16 v = __float2bfloat16(0.f);
+        if (p < pairs && e < hd) {
             const int64_t row = static_cast<int64_t>(s) * d.block + p / group;
-            v = __bfloat162float(q[(row * d.heads + kvh * group + p % group) * hd + e]) * scale_log2;
+            v = q[(row * d.heads + kvh * group + p % group) * hd + e];
         }
-        q_s[i] = v;
+        q_s[(i / hd16) * ld + e] = v;
     }
     if (t < kQTile) {
         row_m[t] = -INFINITY;
         row_l[t] = 0.f;
     }
     const int64_t cache_base = static_cast<int64_t>(keys.cache_streams[s]) * keys.capacity;
-    const int warp = t / 32, lane = t % 32;
-    float acc[8][kCols] = {};  // query pairs warp * 8 + i, columns lane + 32 c
+    const int col_tiles = hd / 8;
+    float acc[kNT][4] = {};
 
     for (int tile0 = key0; tile0 < key_end; tile0 += kKeyTile) {
-        // Key and value rows of the tile (zeros past the chunk's end), 8 bf16 at a time.
-        const int vecs = hd / 8;
+        // Key and value rows of the tile, 8 bf16 at a time: zeros past the chunk's end and in the keys' padding.
+        const int vecs = hd16 / 8;
         for (int i = t; i < kKeyTile * vecs; i += kThreads) {
             const int kk = i / vecs, e = (i % vecs) * 8, key = tile0 + kk;
             uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
-            if (key < key_end) {
+            if (key < key_end && e < hd) {
                 const bf16 *kp, *vp;
                 if (key < n_ctx) {
                     const int64_t off = ((cache_base + key) * d.kv_heads + kvh) * hd + e;
@@ -103,39 +110,37 @@ __global__ void __launch_bounds__(kThreads)
                 kv = *reinterpret_cast<const uint4*>(kp);
                 vv = *reinterpret_cast<const uint4*>(vp);
             }
-            uint32_t* kd = k_s + kk * kw + e / 2;
-            kd[0] = kv.x;
-            kd[1] = kv.y;
-            kd[2] = kv.z;
-            kd[3] = kv.w;
-            *reinterpret_cast<uint4*>(v_s + kk * hd + e) = vv;
+            *reinterpret_cast<uint4*>(k_s + kk * ld + e) = kv;
+            if (e < hd) {
+                const bf16* v8 = reinterpret_cast<const bf16*>(&vv);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) vt_s[(e + j) * Smem::kValueLd + kk] = v8[j];
+            }
         }
         __syncthreads();
 
-        // Scores: thread t takes query pairs 4 (t / 16) + i and keys t % 16 + 16 jj.
+        // Scores in log2 units; -inf past the chunk's end.
         {
-            const int qa = (t / 16) * 4, kb = t % 16;
-            float sc[4][4] = {};
-            for (int w2 = 0; w2 < hd / 2; ++w2) {
-                float2 kf[4];
+            const int r0 = 16 * (warp / 2), n0 = 32 * (warp % 2);
+            float c[4][4] = {};
+            for (int k0 = 0; k0 < hd16; k0 += 16) {
+                const bf16* qa = q_s + (r0 + g) * ld + k0 + 2 * tq;
+                const uint32_t a0 = smem_word(qa), a1 = smem_word(qa + 8 * ld), a2 = smem_word(qa + 8),
+                               a3 = smem_word(qa + 8 * ld + 8);
 #pragma unroll
-                for (int jj = 0; jj < 4; ++jj) {
-                    const uint32_t word = k_s[(kb + 16 * jj) * kw + w2];
-                    kf[jj] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&word));
-                }
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const float2 qf = *reinterpret_cast<const float2*>(q_s + (qa + i) * hd + 2 * w2);
-#pragma unroll
-                    for (int jj = 0; jj < 4; ++jj) sc[i][jj] += qf.x * kf[jj].x + qf.y * kf[jj].y;
+                for (int j = 0; j < 4; ++j) {
+                    const bf16* kb = k_s + (n0 + 8 * j + g) * ld + k0 + 2 * tq;
+                    mma_bf16_16816(c[j], a0, a1, a2, a3, smem_word(kb), smem_word(kb + 8));
                 }
             }
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
+            for (int j = 0; j < 4; ++j) {
+                const int col = n0 + 8 * j + 2 * tq;
 #pragma unroll
-                for (int jj = 0; jj < 4; ++jj) {
-                    const int kk = kb + 16 * jj;
-                    p_s[(qa + i) * (kKeyTile + 1) + kk] = tile0 + kk < key_end ? sc[i][jj] : -INFINITY;
+                for (int h = 0; h < 2; ++h) {
+                    float* pr = p_s + (r0 + g + 8 * h) * (kKeyTile + 1) + col;
+                    pr[0] = tile0 + col < key_end ? c[j][2 * h] * scale_log2 : -INFINITY;
+                    pr[1] = tile0 + col + 1 < key_end ? c[j][2 * h + 1] * scale_log2 : -INFINITY;
                 }
             }
         }
@@ -169,44 +174,53 @@ __global__ void __launch_bounds__(kThreads)
         }
         __syncthreads();
 
-        // P.V: warp w's query pairs 8w .. 8w + 7, lane's columns lane + 32 c.
+        // P.V with the probabilities rounded to bf16 (the sums above stay fp32).
+        {
+            const int r0 = 16 * (warp % 4), nt0 = (warp / 4) * kNT;
+            const float alpha_lo = row_alpha[r0 + g], alpha_hi = row_alpha[r0 + g + 8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const float alpha = row_alpha[warp * 8 + i];
-#pragma unroll
-            for (int c = 0; c < kCols; ++c) acc[i][c] *= alpha;
-        }
-        const int tile_keys = min(kKeyTile, key_end - tile0);
-        for (int kk = 0; kk < tile_keys; ++kk) {
-            float v[kCols];
-#pragma unroll
-            for (int c = 0; c < kCols; ++c) {
-                const int e = lane + 32 * c;
-                v[c] = e < hd ? __bfloat162float(v_s[kk * hd + e]) : 0.f;
+            for (int j = 0; j < kNT; ++j) {
+                acc[j][0] *= alpha_lo;
+                acc[j][1] *= alpha_lo;
+                acc[j][2] *= alpha_hi;
+                acc[j][3] *= alpha_hi;
             }
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const float p = p_s[(warp * 8 + i) * (kKeyTile + 1) + kk];
+            for (int k0 = 0; k0 < kKeyTile; k0 += 16) {
+                const float* pa = p_s + (r0 + g) * (kKeyTile + 1) + k0 + 2 * tq;
+                const float* pb = pa + 8 * (kKeyTile + 1);
+                const uint32_t a0 = pack_bf16x2(pa[0], pa[1]), a1 = pack_bf16x2(pb[0], pb[1]),
+                               a2 = pack_bf16x2(pa[8], pa[9]), a3 = pack_bf16x2(pb[8], pb[9]);
 #pragma unroll
-                for (int c = 0; c < kCols; ++c) acc[i][c] += p * v[c];
+                for (int j = 0; j < kNT; ++j) {
+                    if (nt0 + j >= col_tiles) break;
+                    const bf16* vb = vt_s + (8 * (nt0 + j) + g) * Smem::kValueLd + k0 + 2 * tq;
+                    mma_bf16_16816(acc[j], a0, a1, a2, a3, smem_word(vb), smem_word(vb + 8));
+                }
             }
         }
         __syncthreads();
     }
 
+    if (t < kQTile && q0 + t < pairs) {
+        const int p = q0 + t;
+        const int64_t e = part.entry(s, chunk, max_chunks, d.heads, kvh * group + p % group, d.block, p / group);
+        part.ws[e] = row_m[t];
+        part.ws[part.entries + e] = row_l[t];
+    }
+    const int r0 = 16 * (warp % 4), nt0 = (warp / 4) * kNT;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const int p = q0 + warp * 8 + i;
+    for (int h = 0; h < 2; ++h) {
+        const int p = q0 + r0 + g + 8 * h;
         if (p >= pairs) continue;
         const int64_t e = part.entry(s, chunk, max_chunks, d.heads, kvh * group + p % group, d.block, p / group);
-        if (lane == 0) {
-            part.ws[e] = row_m[warp * 8 + i];
-            part.ws[part.entries + e] = row_l[warp * 8 + i];
-        }
+        float* out = part.ws + 2 * part.entries + e * hd;
 #pragma unroll
-        for (int c = 0; c < kCols; ++c) {
-            const int col = lane + 32 * c;
-            if (col < hd) part.ws[2 * part.entries + e * hd + col] = acc[i][c];
+        for (int j = 0; j < kNT; ++j) {
+            if (nt0 + j >= col_tiles) break;
+            const int col = 8 * (nt0 + j) + 2 * tq;
+            out[col] = acc[j][2 * h];
+            out[col + 1] = acc[j][2 * h + 1];
         }
     }
 }
@@ -240,15 +254,15 @@ int64_t entries(const GqaDims& d, int streams, int max_chunks) {
     return static_cast<int64_t>(streams) * max_chunks * d.heads * d.block;
 }
 
-template <int kCols>
+template <int kNT>
 cudaError_t launch_chunks(const bf16* q, const GqaKeys& keys, const GqaDims& d, float scale_log2, int streams,
                           int max_chunks, const Partials& part, cudaStream_t stream) {
     static std::atomic<uint64_t> configured{0};
     DDTREE_RETURN_IF_ERROR(
-        opt_in_smem(gqa_chunk_kernel<kCols>, static_cast<int>(Smem::bytes(32 * kCols)), configured));
+        opt_in_smem(gqa_chunk_kernel<kNT>, static_cast<int>(Smem::bytes(16 * kNT)), configured));
     const int pairs = d.block * (d.heads / d.kv_heads);
     const dim3 grid(max_chunks, d.kv_heads * ((pairs + kQTile - 1) / kQTile), streams);
-    return launch_dependent(gqa_chunk_kernel<kCols>, grid, dim3(kThreads), Smem::bytes(d.head_dim), stream, q, keys,
+    return launch_dependent(gqa_chunk_kernel<kNT>, grid, dim3(kThreads), Smem::bytes(d.head_dim), stream, q, keys,
                             d, scale_log2, max_chunks, part);
 }
 
@@ -275,13 +289,13 @@ cudaError_t gqa_attention(bf16* out, const bf16* q, const GqaKeys& keys, int str
     const float scale_log2 = scale * kLog2e;
     cudaError_t err = cudaErrorInvalidValue;
     if (d.head_dim <= 32) {
-        err = launch_chunks<1>(q, keys, d, scale_log2, streams, max_chunks, part, stream);
-    } else if (d.head_dim <= 64) {
         err = launch_chunks<2>(q, keys, d, scale_log2, streams, max_chunks, part, stream);
-    } else if (d.head_dim <= 128) {
+    } else if (d.head_dim <= 64) {
         err = launch_chunks<4>(q, keys, d, scale_log2, streams, max_chunks, part, stream);
-    } else {
+    } else if (d.head_dim <= 128) {
         err = launch_chunks<8>(q, keys, d, scale_log2, streams, max_chunks, part, stream);
+    } else {
+        err = launch_chunks<16>(q, keys, d, scale_log2, streams, max_chunks, part, stream);
     }
     DDTREE_RETURN_IF_ERROR(err);
     return launch_dependent(gqa_merge_kernel, dim3(streams * d.block, d.heads), dim3(128), 0, stream, out, keys, d,

@@ -1,6 +1,7 @@
 // GQA attention of the DFlash drafter's block: for every stream, its `block` query rows x `heads` heads attend,
 // with no mask, to the stream's cached context rows and to the block's own keys and values (computed by this
-// forward, never cached). fp32 scores and softmax, bf16 output.
+// forward, never cached). Scores and P.V on tensor cores (mma.sync, fp32 accumulators; the probabilities enter P.V
+// rounded to bf16 as in flash attention), the softmax in fp32, bf16 output.
 //
 // A CTA takes one stream, one KV head, a tile of 64 of its (block row, query head) pairs and one chunk of
 // kGqaChunkKeys keys (the stream's context keys first, then its block keys), and writes the chunk's unnormalised
