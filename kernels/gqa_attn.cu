@@ -15,16 +15,15 @@ constexpr int kKeyTile = 64;  // keys per pass through shared memory
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kGqaChunkKeys % kKeyTile == 0, "a chunk is whole key tiles");
 
-// Shared memory of a CTA for head_dim hd: the queries and one key tile (bf16 rows of hd rounded up to whole
-// k16 steps, zero-padded, plus 8 elements so that the fragment loads of a warp fall in distinct banks), the value
-// tile transposed (the P.V product's B operand is value columns), the tile's scores and probabilities (fp32), and
-// each query pair's running max, sum and rescale factor.
+// Shared memory of a CTA for head_dim hd: the queries, and two stages of one key tile's keys and values (bf16
+// rows of hd rounded up to whole k16 steps, zero-padded, plus 8 elements so that a warp's fragment loads fall in
+// distinct banks), the tile's scores and probabilities (fp32), and each query pair's running max, sum and rescale
+// factor. The next tile's rows arrive by cp.async while the current one is used.
 struct Smem {
-    static constexpr int kValueLd = kKeyTile + 8;
     __host__ __device__ static int padded(int hd) { return (hd + 15) / 16 * 16; }
     __host__ __device__ static int ld(int hd) { return padded(hd) + 8; }
     static size_t bytes(int hd) {
-        return sizeof(bf16) * (2 * kQTile * ld(hd) + hd * kValueLd) + sizeof(float) * kQTile * (kKeyTile + 1) +
+        return sizeof(bf16) * (kQTile + 4 * kKeyTile) * ld(hd) + sizeof(float) * kQTile * (kKeyTile + 1) +
                sizeof(float) * 3 * kQTile;
     }
 };
@@ -44,9 +43,17 @@ struct Partials {
 
 __device__ __forceinline__ uint32_t smem_word(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
+// Four 8x8 bf16 matrices, transposed: lanes 8m .. 8m + 7 give the row addresses of matrix m.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(smem)));
+}
+
 // Tensor-core tiles (mma m16n8k16, fragment layout in gemm_mma.cuh; g = lane / 4, t = lane % 4). Scores: warp w
 // takes query rows 16 (w / 2) .. + 15 and keys 32 (w % 2) .. + 31. P.V: warp w takes query rows 16 (w % 4) .. + 15
-// and value columns 8 n for the kNT column tiles n = (w / 4) kNT + j that exist (head_dim / 8 of them).
+// and value columns 8 n for the kNT column tiles n = (w / 4) kNT + j that exist (head_dim / 8 of them); their B
+// fragments come from the row-major value tile through transposing ldmatrix, two column tiles at a time.
 template <int kNT>
 __global__ void __launch_bounds__(kThreads)
     gqa_chunk_kernel(const bf16* __restrict__ q, GqaKeys keys, GqaDims d, float scale_log2, int max_chunks,
@@ -54,9 +61,8 @@ __global__ void __launch_bounds__(kThreads)
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int hd = d.head_dim, hd16 = Smem::padded(hd), ld = Smem::ld(hd);
     bf16* q_s = reinterpret_cast<bf16*>(smem_raw);
-    bf16* k_s = q_s + kQTile * ld;
-    bf16* vt_s = k_s + kKeyTile * ld;
-    float* p_s = reinterpret_cast<float*>(vt_s + hd * Smem::kValueLd);
+    bf16* kv_s = q_s + kQTile * ld;  // stage i: keys at kv_s + 2 i kKeyTile ld, values kKeyTile ld further
+    float* p_s = reinterpret_cast<float*>(kv_s + 4 * kKeyTile * ld);
     float* row_m = p_s + kQTile * (kKeyTile + 1);
     float* row_l = row_m + kQTile;
     float* row_alpha = row_l + kQTile;
@@ -90,32 +96,43 @@ __global__ void __launch_bounds__(kThreads)
     const int col_tiles = hd / 8;
     float acc[kNT][4] = {};
 
-    for (int tile0 = key0; tile0 < key_end; tile0 += kKeyTile) {
-        // Key and value rows of the tile, 8 bf16 at a time: zeros past the chunk's end and in the keys' padding.
+    // Tile rows by cp.async, 16 bytes at a time (zeros past the chunk's end and in the padding). Lane l of each
+    // group of 32 copies key (l % 16) + 16 (group % 4) at column 8 (2 (group / 4) + l / 16): two lanes fill a
+    // 32-byte sector of a row, and a quarter warp's smem rows fall in distinct banks.
+    auto load_tile = [&](int tile0, int stage) {
+        bf16* k_dst = kv_s + 2 * stage * kKeyTile * ld;
+        bf16* v_dst = k_dst + kKeyTile * ld;
         const int vecs = hd16 / 8;
         for (int i = t; i < kKeyTile * vecs; i += kThreads) {
-            const int kk = i / vecs, e = (i % vecs) * 8, key = tile0 + kk;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
-            if (key < key_end && e < hd) {
-                const bf16 *kp, *vp;
-                if (key < n_ctx) {
-                    const int64_t off = ((cache_base + key) * d.kv_heads + kvh) * hd + e;
-                    kp = keys.ctx_k + off;
-                    vp = keys.ctx_v + off;
-                } else {
-                    const int64_t row = static_cast<int64_t>(s) * d.block + (key - n_ctx);
-                    kp = keys.block_k + row * keys.block_k_ld + kvh * hd + e;
-                    vp = keys.block_v + row * keys.block_v_ld + kvh * hd + e;
-                }
-                kv = *reinterpret_cast<const uint4*>(kp);
-                vv = *reinterpret_cast<const uint4*>(vp);
+            const int lane_i = i % 32, grp = i / 32;
+            const int kk = lane_i % 16 + 16 * (grp % 4), e = 8 * (2 * (grp / 4) + lane_i / 16);
+            const int key = tile0 + kk;
+            const bool valid = key < key_end && e < hd;
+            const bf16 *kp = keys.ctx_k, *vp = keys.ctx_v;  // any valid address when not copying
+            if (valid && key < n_ctx) {
+                const int64_t off = ((cache_base + key) * d.kv_heads + kvh) * hd + e;
+                kp = keys.ctx_k + off;
+                vp = keys.ctx_v + off;
+            } else if (valid) {
+                const int64_t row = static_cast<int64_t>(s) * d.block + (key - n_ctx);
+                kp = keys.block_k + row * keys.block_k_ld + kvh * hd + e;
+                vp = keys.block_v + row * keys.block_v_ld + kvh * hd + e;
             }
-            *reinterpret_cast<uint4*>(k_s + kk * ld + e) = kv;
-            if (e < hd) {
-                const bf16* v8 = reinterpret_cast<const bf16*>(&vv);
-#pragma unroll
-                for (int j = 0; j < 8; ++j) vt_s[(e + j) * Smem::kValueLd + kk] = v8[j];
-            }
+            cp_async16_zfill(k_dst + kk * ld + e, kp, valid);
+            cp_async16_zfill(v_dst + kk * ld + e, vp, valid);
+        }
+        cp_async_commit();
+    };
+    load_tile(key0, 0);
+    int stage = 0;
+    for (int tile0 = key0; tile0 < key_end; tile0 += kKeyTile, stage ^= 1) {
+        const bf16* k_s = kv_s + 2 * stage * kKeyTile * ld;
+        const bf16* v_s = k_s + kKeyTile * ld;
+        if (tile0 + kKeyTile < key_end) {
+            load_tile(tile0 + kKeyTile, stage ^ 1);  // the other stage was released by the last tile's final sync
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
         __syncthreads();
 
@@ -191,11 +208,15 @@ __global__ void __launch_bounds__(kThreads)
                 const float* pb = pa + 8 * (kKeyTile + 1);
                 const uint32_t a0 = pack_bf16x2(pa[0], pa[1]), a1 = pack_bf16x2(pb[0], pb[1]),
                                a2 = pack_bf16x2(pa[8], pa[9]), a3 = pack_bf16x2(pb[8], pb[9]);
+                // Lane l addresses key k0 + l % 8 + 8 ((l / 8) % 2) at column tile nt + l / 16.
+                const int key_row = k0 + lane % 8 + 8 * ((lane / 8) % 2);
 #pragma unroll
-                for (int j = 0; j < kNT; ++j) {
-                    if (nt0 + j >= col_tiles) break;
-                    const bf16* vb = vt_s + (8 * (nt0 + j) + g) * Smem::kValueLd + k0 + 2 * tq;
-                    mma_bf16_16816(acc[j], a0, a1, a2, a3, smem_word(vb), smem_word(vb + 8));
+                for (int j = 0; j < kNT; j += 2) {
+                    if (nt0 + j >= col_tiles) break;  // tile nt0 + j + 1 may lie in the zero padding
+                    uint32_t b[4];
+                    ldmatrix_x4_trans(b, v_s + key_row * ld + 8 * (nt0 + j + lane / 16));
+                    mma_bf16_16816(acc[j], a0, a1, a2, a3, b[0], b[1]);
+                    mma_bf16_16816(acc[j + 1], a0, a1, a2, a3, b[2], b[3]);
                 }
             }
         }
