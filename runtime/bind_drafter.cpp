@@ -23,10 +23,7 @@ namespace {
 
 template <typename T>
 T field(const nb::dict& d, const char* key) {
-    if (!d.contains(key)) {
-        throw nb::value_error((std::string("drafter config: missing field '") + key + "'").c_str());
-    }
-    return nb::cast<T>(d[key]);
+    return config_field<T>(d, "drafter config", key);
 }
 
 // By field name: a dict built from the drafter's config.json (ddtree.drafter_engine.drafter_dims).

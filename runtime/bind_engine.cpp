@@ -19,10 +19,7 @@ namespace {
 
 template <typename T>
 T field(const nb::dict& d, const char* key) {
-    if (!d.contains(key)) {
-        throw nb::value_error((std::string("engine config: missing field '") + key + "'").c_str());
-    }
-    return nb::cast<T>(d[key]);
+    return config_field<T>(d, "engine config", key);
 }
 
 // By field name: a dict built from config.json (ddtree.engine.engine_dims).

@@ -36,6 +36,15 @@ std::pair<const int32_t*, const uint16_t*> host_int4_projection(const HostArray&
                                                                 std::initializer_list<int64_t> packed_shape,
                                                                 std::initializer_list<int64_t> scale_shape);
 
+// Field `key` of a config dict built by the Python side; ValueError naming `where` and the field when it is absent.
+template <typename T>
+T config_field(const nb::dict& d, const char* where, const char* key) {
+    if (!d.contains(key)) {
+        throw nb::value_error((std::string(where) + ": missing field '" + key + "'").c_str());
+    }
+    return nb::cast<T>(d[key]);
+}
+
 // Checks device, dtype, rank and (where an extent is >= 0) each extent; returns the data pointer.
 void* checked_data(const CudaArray& array, const char* name, DType dtype, std::initializer_list<int64_t> shape);
 
