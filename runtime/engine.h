@@ -69,7 +69,8 @@ class Engine {
     // residual stream after each of tap_layers for every node, and with `routing` the experts each MoE layer chose.
     // Node KV rows go to the streams' tree slots.
     VerifyOutput verify(const std::vector<VerifyTree>& trees, const std::vector<int>& tap_layers, bool routing);
-    // Device time per operation of that verify forward (eager, one launch at a time), the mean of `iters` after a warm-up.
+    // Device time per operation of that verify forward (eager, one launch at a time), the mean of `iters` passes
+    // after a warm-up.
     StepProfile profile_verify(const std::vector<VerifyTree>& trees, int iters);
 
     // Benchmark support: random cache contents; decode timing (ArDecoder).
