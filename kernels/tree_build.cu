@@ -1,0 +1,280 @@
+// DDTree build: one CTA per stream. Warp 0 runs the reference's best-first heap as a frontier in shared memory
+// (every pushed, not yet popped entry); each pop takes the frontier's best entry by the heap's own total order
+// (score descending, then rank tuple ascending), so the pops, and with them the node numbering, are the
+// reference's. The frontier's slots are dealt round-robin to the 32 lanes; each lane keeps the best of its slots,
+// and a pop is a warp arg-max over those: two redux.sync steps over an order-preserving 64-bit key of the score,
+// then the rank tuple among the (rare) lanes of exactly equal score. After the last pop all threads write the
+// tree's arrays from the shared copy.
+#include <atomic>
+
+#include "gemm_mma.cuh"  // opt_in_smem
+#include "tree_build.cuh"
+
+namespace ddtree::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kAncestorStride = kTreeMaxDepth + 1;  // ancestor row of a node: depths 0..15
+
+// A frontier entry's parent (0..1024, 11 bits), depth (1..15, 4 bits) and rank (0..1023, 10 bits) in one word.
+struct Entry {
+    int parent, depth, rank;
+};
+__device__ __forceinline__ uint32_t pack_entry(int parent, int depth, int rank) {
+    return static_cast<uint32_t>(parent) | static_cast<uint32_t>(depth) << 11 | static_cast<uint32_t>(rank) << 15;
+}
+__device__ __forceinline__ Entry unpack_entry(uint32_t m) {
+    return {static_cast<int>(m & 2047u), static_cast<int>((m >> 11) & 15u), static_cast<int>(m >> 15)};
+}
+
+// Byte offsets of the CTA's shared arrays; the host sizes the launch with the same computation.
+struct BuildLayout {
+    int top_k, slots, rows;
+    unsigned score, meta, lp, ids, anc, parent, rank, first, next, last, depth, bytes;
+
+    __host__ __device__ BuildLayout(int budget, int depth_limit, int width) {
+        top_k = budget < width ? budget : width;  // ranks at or past min(budget, K) are never pushed
+        slots = budget > 1 ? budget : 1;          // <= 1 + one new slot per pop before the last
+        rows = tree_rows(budget);
+        const unsigned candidates = static_cast<unsigned>(depth_limit * top_k);
+        unsigned at = 0;
+        auto take = [&at](unsigned bytes, unsigned align) {
+            at = (at + align - 1) / align * align;
+            const unsigned offset = at;
+            at += bytes;
+            return offset;
+        };
+        score = take(8u * slots, 8);
+        meta = take(4u * slots, 4);
+        lp = take(4u * candidates, 4);
+        ids = take(4u * candidates, 4);
+        anc = take(2u * rows * kAncestorStride, 2);
+        parent = take(2u * rows, 2);
+        rank = take(2u * rows, 2);
+        first = take(2u * rows, 2);
+        next = take(2u * rows, 2);
+        last = take(2u * rows, 2);
+        depth = take(1u * rows, 1);
+        bytes = take(0, 16);
+    }
+};
+
+struct BuildSmem {
+    double* score;      // [slots] frontier path scores
+    uint32_t* meta;     // [slots] frontier entries (pack_entry)
+    float* lp;          // [L, top_k]
+    int32_t* ids;       // [L, top_k]
+    int16_t* anc;       // [rows, kAncestorStride]: ancestor at each depth 0..depth, the node itself last
+    int16_t* parent;    // [rows]
+    int16_t* rank;      // [rows]
+    int16_t* first;     // [rows] first child
+    int16_t* next;      // [rows] next sibling
+    int16_t* last;      // [rows] last child so far
+    int8_t* depth;      // [rows]
+    int top_k;
+
+    __device__ BuildSmem(unsigned char* base, const BuildLayout& l)
+        : score(reinterpret_cast<double*>(base + l.score)),
+          meta(reinterpret_cast<uint32_t*>(base + l.meta)),
+          lp(reinterpret_cast<float*>(base + l.lp)),
+          ids(reinterpret_cast<int32_t*>(base + l.ids)),
+          anc(reinterpret_cast<int16_t*>(base + l.anc)),
+          parent(reinterpret_cast<int16_t*>(base + l.parent)),
+          rank(reinterpret_cast<int16_t*>(base + l.rank)),
+          first(reinterpret_cast<int16_t*>(base + l.first)),
+          next(reinterpret_cast<int16_t*>(base + l.next)),
+          last(reinterpret_cast<int16_t*>(base + l.last)),
+          depth(reinterpret_cast<int8_t*>(base + l.depth)),
+          top_k(l.top_k) {}
+};
+
+// Order of two entries of equal score: their rank tuples (the rank chosen at depths 1..depth) lexicographically,
+// a prefix before its extensions, as Python compares tuples. Two entries never share a tuple.
+__device__ bool tuple_precedes(const BuildSmem& m, uint32_t a, uint32_t b) {
+    const Entry x = unpack_entry(a), y = unpack_entry(b);
+    const int common = x.depth < y.depth ? x.depth : y.depth;
+    for (int j = 1; j <= common; ++j) {
+        const int rx = j < x.depth ? m.rank[m.anc[x.parent * kAncestorStride + j]] : x.rank;
+        const int ry = j < y.depth ? m.rank[m.anc[y.parent * kAncestorStride + j]] : y.rank;
+        if (rx != ry) return rx < ry;
+    }
+    return x.depth < y.depth;
+}
+
+// The heap's order: slot a pops before slot b.
+__device__ bool precedes(const BuildSmem& m, int a, int b) {
+    const double sa = m.score[a], sb = m.score[b];
+    return sa > sb || (sa == sb && tuple_precedes(m, m.meta[a], m.meta[b]));
+}
+
+// The best of the slots lane, lane + 32, ... below `slots`; -1 when the lane holds none.
+__device__ int lane_best(const BuildSmem& m, int lane, int slots) {
+    int best = -1;
+    for (int s = lane; s < slots; s += 32) {
+        if (best < 0 || precedes(m, s, best)) best = s;
+    }
+    return best;
+}
+
+// Unsigned key ordered as the score, equal exactly when the scores compare equal (-0 keyed as +0); 0 = no entry.
+__device__ __forceinline__ uint64_t score_key(double score) {
+    const uint64_t bits = static_cast<uint64_t>(__double_as_longlong(__dadd_rn(score, 0.0)));
+    return (bits >> 63) ? ~bits : bits | (1ull << 63);
+}
+
+// Warp 0: pops up to `budget` nodes into the shared node arrays; returns how many.
+__device__ int pop_nodes(const BuildSmem& m, int budget, int depth_limit) {
+    const int lane = static_cast<int>(threadIdx.x);
+    int slots = 0;
+    if (budget > 0) {
+        if (lane == 0) {
+            m.score[0] = static_cast<double>(m.lp[0]);
+            m.meta[0] = pack_entry(0, 1, 0);
+        }
+        slots = 1;
+    }
+    __syncwarp();
+    int mine = lane < slots ? lane : -1;
+    uint64_t key = mine >= 0 ? score_key(m.score[mine]) : 0;
+    int count = 0;
+    while (count < budget && slots > 0) {
+        const uint32_t high = __reduce_max_sync(kFullMask, static_cast<uint32_t>(key >> 32));
+        const bool top = mine >= 0 && static_cast<uint32_t>(key >> 32) == high;
+        const uint32_t low = __reduce_max_sync(kFullMask, top ? static_cast<uint32_t>(key) : 0u);
+        uint32_t tied = __ballot_sync(kFullMask, top && static_cast<uint32_t>(key) == low);
+        int w = __shfl_sync(kFullMask, mine, __ffs(tied) - 1);
+        for (tied &= tied - 1; tied != 0; tied &= tied - 1) {  // `tied` is warp-uniform
+            const int other = __shfl_sync(kFullMask, mine, __ffs(tied) - 1);
+            if (tuple_precedes(m, m.meta[other], m.meta[w])) w = other;
+        }
+        const double score = m.score[w];
+        const Entry e = unpack_entry(m.meta[w]);
+        __syncwarp();  // every lane has read slot w before lane 0 rewrites it
+
+        const int node = ++count;
+        if (lane <= e.depth) {
+            m.anc[node * kAncestorStride + lane] =
+                static_cast<int16_t>(lane < e.depth ? m.anc[e.parent * kAncestorStride + lane] : node);
+        }
+        if (lane == 0) {
+            m.parent[node] = static_cast<int16_t>(e.parent);
+            m.rank[node] = static_cast<int16_t>(e.rank);
+            m.depth[node] = static_cast<int8_t>(e.depth);
+            if (m.first[e.parent] < 0) {
+                m.first[e.parent] = static_cast<int16_t>(node);
+            } else {
+                m.next[m.last[e.parent]] = static_cast<int16_t>(node);
+            }
+            m.last[e.parent] = static_cast<int16_t>(node);
+        }
+        if (count == budget) break;  // the last pop's successors would never be popped
+
+        // Push the next sibling into the popped slot and the rank-0 child into a new one (or into the popped
+        // slot when there is no sibling); with neither, the last slot moves into the popped one.
+        const float* row = m.lp + (e.depth - 1) * m.top_k;
+        const bool sibling = e.rank + 1 < m.top_k;
+        const bool child = e.depth < depth_limit;
+        int moved = -1;  // a second slot whose owner must look at its slots again
+        if (sibling && lane == 0) {
+            m.score[w] = __dadd_rn(__dsub_rn(score, static_cast<double>(row[e.rank])),
+                                   static_cast<double>(row[e.rank + 1]));
+            m.meta[w] = pack_entry(e.parent, e.depth, e.rank + 1);
+        }
+        if (child) {
+            const int slot = sibling ? slots++ : w;
+            if (lane == 0) {
+                m.score[slot] = __dadd_rn(score, static_cast<double>(row[m.top_k]));
+                m.meta[slot] = pack_entry(node, e.depth + 1, 0);
+            }
+            moved = slot;
+        } else if (!sibling) {
+            moved = --slots;
+            if (lane == 0 && w != moved) {
+                m.score[w] = m.score[moved];
+                m.meta[w] = m.meta[moved];
+            }
+        }
+        __syncwarp();
+        if (lane == (w & 31) || (moved >= 0 && lane == (moved & 31))) {
+            mine = lane_best(m, lane, slots);
+            key = mine >= 0 ? score_key(m.score[mine]) : 0;
+        }
+    }
+    return count;
+}
+
+__global__ void __launch_bounds__(kThreads) tree_build_kernel(TreeCandidates in, TreeArrays tree, TreeShape shape) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ int nodes;
+    const BuildLayout layout(shape.budget, shape.depth_limit, in.width);
+    const BuildSmem m(smem, layout);
+    const int s = static_cast<int>(blockIdx.x), tid = static_cast<int>(threadIdx.x);
+    const int depth_limit = shape.depth_limit, top_k = layout.top_k, rows = layout.rows;
+
+    const size_t in_base = static_cast<size_t>(s) * depth_limit * in.width;
+    for (int i = tid; i < depth_limit * top_k; i += kThreads) {
+        const size_t at = in_base + static_cast<size_t>(i / top_k) * in.width + i % top_k;
+        m.lp[i] = in.log_probs[at];
+        m.ids[i] = in.token_ids[at];
+    }
+    for (int i = tid; i < rows; i += kThreads) m.first[i] = m.next[i] = m.last[i] = -1;
+    if (tid == 0) {
+        m.parent[0] = -1;
+        m.depth[0] = 0;
+        m.anc[0] = 0;
+    }
+    __syncthreads();
+    if (tid < 32) {
+        const int count = pop_nodes(m, shape.budget, depth_limit);
+        if (tid == 0) nodes = count;
+    }
+    __syncthreads();
+
+    const int n = nodes;
+    const int start = in.start[s];
+    const size_t row0 = static_cast<size_t>(s) * rows;
+    for (int i = tid; i < rows; i += kThreads) {
+        const bool live = i <= n;
+        const int d = live ? m.depth[i] : 0;
+        tree.tokens[row0 + i] = !live ? kTreePad : i == 0 ? in.bonus[s] : m.ids[(d - 1) * top_k + m.rank[i]];
+        tree.parents[row0 + i] = live ? m.parent[i] : kTreePad;
+        tree.depths[row0 + i] = live ? d : kTreePad;
+        tree.first_child[row0 + i] = live ? m.first[i] : kTreePad;
+        tree.next_sibling[row0 + i] = live ? m.next[i] : kTreePad;
+        tree.positions[row0 + i] = live ? start + d : kTreePad;
+    }
+    const int anc_len = depth_limit + 1;
+    for (int t = tid; t < rows * anc_len; t += kThreads) {
+        const int i = t / anc_len, j = t % anc_len;
+        tree.ancestors[row0 * anc_len + t] = i <= n && j <= m.depth[i] ? m.anc[i * kAncestorStride + j] : kTreePad;
+    }
+    const int words = tree_visibility_words(shape.budget);
+    for (int t = tid; t < rows * words; t += kThreads) {
+        const int i = t / words, w = t % words;
+        uint32_t bits = 0;
+        if (i <= n) {
+            for (int j = 0; j <= m.depth[i]; ++j) {
+                const int a = m.anc[i * kAncestorStride + j];
+                if ((a >> 5) == w) bits |= 1u << (a & 31);
+            }
+        }
+        tree.visibility[row0 * words + t] = bits;
+    }
+    if (tid == 0) tree.node_count[s] = n;
+}
+
+}  // namespace
+
+cudaError_t tree_build(const TreeCandidates& in, const TreeArrays& tree, const TreeShape& shape, cudaStream_t stream) {
+    if (!tree_shape_valid(shape) || in.width < 1 || in.width > kTreeMaxWidth) return cudaErrorInvalidValue;
+    if (shape.streams == 0) return cudaSuccess;
+    static std::atomic<uint64_t> opted_in{0};
+    DDTREE_RETURN_IF_ERROR(opt_in_smem(tree_build_kernel,
+                                       BuildLayout(kTreeMaxBudget, kTreeMaxDepth, kTreeMaxWidth).bytes, opted_in));
+    const BuildLayout layout(shape.budget, shape.depth_limit, in.width);
+    tree_build_kernel<<<shape.streams, kThreads, layout.bytes, stream>>>(in, tree, shape);
+    return cudaGetLastError();
+}
+
+}  // namespace ddtree::kernels
