@@ -1,13 +1,16 @@
-// DDTree commit: one grid of (layers + tap rows) x streams CTAs. A layer CTA stages the moved latent rows of one
-// (layer, stream) in shared memory before writing any (source and destination rows overlap whenever a node was
-// skipped); a tap CTA copies one accepted node's tapped hidden row into the drafter context. A one-CTA launch
-// behind it advances the committed lengths, after every layer CTA has read them.
+// DDTree commit: one grid of (layers + tap-row slices) x streams CTAs. A layer CTA stages the moved latent rows of
+// one (layer, stream) in shared memory before writing any (source and destination rows overlap whenever a node was
+// skipped); a tap CTA copies a 16 KiB slice of one accepted node's tapped hidden row into the drafter context. A
+// one-CTA launch behind it advances the committed lengths, after every layer CTA has read them.
 #include "tree_commit.cuh"
 
 namespace ddtree::kernels {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kTapChunksPerCta = 4 * kThreads;  // a tap row (K2: 5376 chunks) is split over CTAs of 16 KiB each
+
+constexpr int tap_splits(int width) { return (width / kCommitChunkElems + kTapChunksPerCta - 1) / kTapChunksPerCta; }
 
 __global__ void __launch_bounds__(kThreads)
     tree_commit_kernel(LatentCache cache, TapGather taps, const int32_t* stream_base, const int32_t* start,
@@ -20,14 +23,17 @@ __global__ void __launch_bounds__(kThreads)
     if (tid < len) path[tid] = accepted[static_cast<size_t>(s) * max_len + tid];
     __syncthreads();
 
-    if (static_cast<int>(blockIdx.x) >= cache.layers) {  // a tap row
-        const int j = static_cast<int>(blockIdx.x) - cache.layers;
+    if (static_cast<int>(blockIdx.x) >= cache.layers) {  // a slice of a tap row
+        const int splits = tap_splits(taps.width);
+        const int j = (static_cast<int>(blockIdx.x) - cache.layers) / splits;
+        const int part = (static_cast<int>(blockIdx.x) - cache.layers) % splits;
         if (j >= len || path[j] < 0 || path[j] > shape.budget) return;
         const int chunks = taps.width / kCommitChunkElems;
         const uint4* src = reinterpret_cast<const uint4*>(
             taps.taps + (static_cast<size_t>(s) * tree_rows(shape.budget) + path[j]) * taps.width);
         uint4* dst = reinterpret_cast<uint4*>(taps.context + (static_cast<size_t>(s) * max_len + j) * taps.width);
-        for (int c = tid; c < chunks; c += kThreads) dst[c] = src[c];
+        const int end = min(chunks, (part + 1) * kTapChunksPerCta);
+        for (int c = part * kTapChunksPerCta + tid; c < end; c += kThreads) dst[c] = src[c];
         return;
     }
 
@@ -73,10 +79,10 @@ cudaError_t tree_commit(const LatentCache& cache, const TapGather& taps, const i
                           aligned16(taps.context));
     if (!tree_shape_valid(shape) || !cache_ok || !taps_ok) return cudaErrorInvalidValue;
     if (shape.streams == 0) return cudaSuccess;
-    const int tap_rows = taps.taps != nullptr ? shape.depth_limit + 1 : 0;
+    const int tap_ctas = taps.taps != nullptr ? (shape.depth_limit + 1) * tap_splits(taps.width) : 0;
     const size_t staged = static_cast<size_t>(shape.depth_limit + 1) * cache.row_elems * sizeof(bf16);
-    if (cache.layers + tap_rows > 0) {
-        const dim3 grid(static_cast<unsigned>(cache.layers + tap_rows), static_cast<unsigned>(shape.streams));
+    if (cache.layers + tap_ctas > 0) {
+        const dim3 grid(static_cast<unsigned>(cache.layers + tap_ctas), static_cast<unsigned>(shape.streams));
         tree_commit_kernel<<<grid, kThreads, staged, stream>>>(cache, taps, stream_base, start, accepted, accept_len,
                                                                shape);
         DDTREE_RETURN_IF_ERROR(cudaGetLastError());

@@ -336,7 +336,7 @@ def bf16(a: np.ndarray) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("layers,streams,budget,depth,row_elems,tap_width", [
-    (3, 4, 16, 7, 576, 64), (61, 2, 8, 15, 576, 0), (2, 5, 1024, 15, 1536, 8), (4, 3, 1, 1, 8, 16)])
+    (3, 4, 16, 7, 576, 8216), (61, 2, 8, 15, 576, 0), (2, 5, 1024, 15, 1536, 8), (4, 3, 1, 1, 8, 16)])
 def test_commit_equals_reference_compaction(layers: int, streams: int, budget: int, depth: int, row_elems: int,
                                             tap_width: int) -> None:
     check_commit(np.random.default_rng(layers * budget), layers, streams, budget, depth, row_elems, tap_width)
