@@ -2,6 +2,9 @@
 // one (layer, stream) in shared memory before writing any (source and destination rows overlap whenever a node was
 // skipped); a tap CTA copies a 16 KiB slice of one accepted node's tapped hidden row into the drafter context. A
 // one-CTA launch behind it advances the committed lengths, after every layer CTA has read them.
+#include <atomic>
+
+#include "gemm_mma.cuh"  // opt_in_smem
 #include "tree_commit.cuh"
 
 namespace ddtree::kernels {
@@ -82,6 +85,8 @@ cudaError_t tree_commit(const LatentCache& cache, const TapGather& taps, const i
     const int tap_ctas = taps.taps != nullptr ? (shape.depth_limit + 1) * tap_splits(taps.width) : 0;
     const size_t staged = static_cast<size_t>(shape.depth_limit + 1) * cache.row_elems * sizeof(bf16);
     if (cache.layers + tap_ctas > 0) {
+        static std::atomic<uint64_t> opted_in{0};  // the staged rows plus the static path can pass 48 KiB
+        DDTREE_RETURN_IF_ERROR(opt_in_smem(tree_commit_kernel, kCommitMaxStagedBytes, opted_in));
         const dim3 grid(static_cast<unsigned>(cache.layers + tap_ctas), static_cast<unsigned>(shape.streams));
         tree_commit_kernel<<<grid, kThreads, staged, stream>>>(cache, taps, stream_base, start, accepted, accept_len,
                                                                shape);

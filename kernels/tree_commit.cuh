@@ -18,13 +18,14 @@ struct LatentCache {
     int row_elems;
 };
 
-constexpr int kCommitChunkElems = 8;  // one 16-byte copy of bf16
+constexpr int kCommitChunkElems = 8;             // one 16-byte copy of bf16
+constexpr int kCommitMaxStagedBytes = 48 * 1024;  // shared memory for the moved rows of one (layer, stream)
 
-// Whether a commit of up to L + 1 rows of `row_elems` fits the launch (the moved rows are staged in 48 KiB of shared
-// memory: up to 1536 elements a row at L = 15) and rows of that width keep 16-byte alignment.
+// Whether a commit of up to L + 1 rows of `row_elems` fits the launch (the moved rows are staged in shared memory:
+// up to 1536 elements a row at L = 15) and rows of that width keep 16-byte alignment.
 constexpr bool commit_rows_supported(int row_elems, int depth_limit) {
     return row_elems > 0 && row_elems % kCommitChunkElems == 0 &&
-           static_cast<long long>(depth_limit + 1) * row_elems * 2 <= 48 * 1024;
+           static_cast<long long>(depth_limit + 1) * row_elems * 2 <= kCommitMaxStagedBytes;
 }
 
 // The verify forward's tapped hidden rows bf16 [streams * (N + 1), width] (stream s node i at row s * (N + 1) + i)

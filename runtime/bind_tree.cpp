@@ -111,7 +111,9 @@ void tree_commit(CudaArray cache, CudaArray start, CudaArray stream_base, CudaAr
         gather.width = extent(*taps, "taps", 2, 1);
         gather.taps = checked<const k::bf16>(*taps, "taps", DType::bf16, {s * k::tree_rows(budget), gather.width});
         gather.context = checked<k::bf16>(*context, "context", DType::bf16, {s, path, gather.width});
-        if (gather.width % k::kCommitChunkElems != 0) throw nb::value_error("argument 'taps' must have rows of a multiple of 8 elements");
+        if (gather.width % k::kCommitChunkElems != 0) {
+            throw nb::value_error("argument 'taps' must have rows of a multiple of 8 elements");
+        }
     }
     if (!k::commit_rows_supported(row_elems, shape.depth_limit)) {
         throw nb::value_error("argument 'cache' must have rows of a multiple of 8 elements, L + 1 of them <= 48 KiB");
