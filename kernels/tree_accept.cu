@@ -1,6 +1,7 @@
 // DDTree accept walk: one CTA per stream copies the stream's links, tokens and choices into shared memory in one
 // coalesced pass, then one thread walks them there (a walk is a chain of dependent loads: shared-memory latency
-// instead of a global round trip per step).
+// instead of a global round trip per step). Launched as a programmatic dependent, so its launch overlaps the
+// previous kernel.
 #include "tree_accept.cuh"
 
 namespace ddtree::kernels {
@@ -24,6 +25,7 @@ __global__ void __launch_bounds__(kThreads)
 
     const int s = static_cast<int>(blockIdx.x), tid = static_cast<int>(threadIdx.x);
     const size_t row0 = static_cast<size_t>(s) * rows;
+    dependent_kernel_start();  // the choices come from the sampler, the tree from the build
     const int count = tree.node_count[s];
     const int n = count < 0 ? 0 : count > shape.budget ? shape.budget : count;
     for (int i = tid; i <= n; i += kThreads) {
@@ -66,9 +68,8 @@ cudaError_t tree_accept(const TreeArrays& tree, const int32_t* choice, int32_t* 
     if (!tree_shape_valid(shape)) return cudaErrorInvalidValue;
     if (shape.streams == 0) return cudaSuccess;
     const size_t smem = static_cast<size_t>(tree_rows(shape.budget)) * (sizeof(AcceptNode) + 2 * sizeof(int32_t));
-    tree_accept_kernel<<<shape.streams, kThreads, smem, stream>>>(tree, choice, accepted, accept_len, next_bonus,
-                                                                  shape);
-    return cudaGetLastError();
+    return launch_dependent(tree_accept_kernel, dim3(shape.streams), dim3(kThreads), smem, stream, tree, choice,
+                            accepted, accept_len, next_bonus, shape);
 }
 
 }  // namespace ddtree::kernels

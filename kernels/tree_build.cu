@@ -1,10 +1,13 @@
-// DDTree build: one CTA per stream. Warp 0 runs the reference's best-first heap as a frontier in shared memory
-// (every pushed, not yet popped entry); each pop takes the frontier's best entry by the heap's own total order
-// (score descending, then rank tuple ascending), so the pops, and with them the node numbering, are the
-// reference's. The frontier's slots are dealt round-robin to the 32 lanes; each lane keeps the best of its slots,
-// and a pop is a warp arg-max over those: two redux.sync steps over an order-preserving 64-bit key of the score,
-// then the rank tuple among the (rare) lanes of exactly equal score. After the last pop all threads write the
-// tree's arrays from the shared copy.
+// DDTree build: one CTA per stream. Warp 0 runs the reference's best-first heap as a frontier (every pushed, not
+// yet popped entry); each pop takes the frontier's best entry by the heap's own total order (score descending, then
+// rank tuple ascending), so the pops, and with them the node numbering, are the reference's. The frontier's slots
+// are dealt round-robin to the 32 lanes and live in their registers (kSlots per lane, a compile-time count chosen
+// from the budget); each lane keeps the best of its slots, and a pop is a warp arg-max over those: two redux.sync
+// steps over an order-preserving 64-bit key of the score, then the rank tuple among the (rare) lanes of exactly
+// equal score. A pop is a short chain of warp operations, with no shared-memory round trip on the path from one
+// pop to the next (each lane fetches its best entry's successor log-probs ahead of time). The nodes' parents,
+// ranks and ancestor rows go to shared memory as they are popped; after the last pop all threads write the tree's
+// arrays from there.
 #include <atomic>
 
 #include "gemm_mma.cuh"  // opt_in_smem
@@ -30,12 +33,11 @@ __device__ __forceinline__ Entry unpack_entry(uint32_t m) {
 
 // Byte offsets of the CTA's shared arrays; the host sizes the launch with the same computation.
 struct BuildLayout {
-    int top_k, slots, rows;
-    unsigned score, meta, lp, ids, anc, parent, rank, first, next, last, depth, bytes;
+    int top_k, rows;
+    unsigned lp, ids, anc, parent, rank, first, next, last, depth, bytes;
 
     __host__ __device__ BuildLayout(int budget, int depth_limit, int width) {
         top_k = budget < width ? budget : width;  // ranks at or past min(budget, K) are never pushed
-        slots = budget > 1 ? budget : 1;          // <= 1 + one new slot per pop before the last
         rows = tree_rows(budget);
         const unsigned candidates = static_cast<unsigned>(depth_limit * top_k);
         unsigned at = 0;
@@ -45,8 +47,6 @@ struct BuildLayout {
             at += bytes;
             return offset;
         };
-        score = take(8u * slots, 8);
-        meta = take(4u * slots, 4);
         lp = take(4u * candidates, 4);
         ids = take(4u * candidates, 4);
         anc = take(2u * rows * kAncestorStride, 2);
@@ -61,8 +61,6 @@ struct BuildLayout {
 };
 
 struct BuildSmem {
-    double* score;      // [slots] frontier path scores
-    uint32_t* meta;     // [slots] frontier entries (pack_entry)
     float* lp;          // [L, top_k]
     int32_t* ids;       // [L, top_k]
     int16_t* anc;       // [rows, kAncestorStride]: ancestor at each depth 0..depth, the node itself last
@@ -75,9 +73,7 @@ struct BuildSmem {
     int top_k;
 
     __device__ BuildSmem(unsigned char* base, const BuildLayout& l)
-        : score(reinterpret_cast<double*>(base + l.score)),
-          meta(reinterpret_cast<uint32_t*>(base + l.meta)),
-          lp(reinterpret_cast<float*>(base + l.lp)),
+        : lp(reinterpret_cast<float*>(base + l.lp)),
           ids(reinterpret_cast<int32_t*>(base + l.ids)),
           anc(reinterpret_cast<int16_t*>(base + l.anc)),
           parent(reinterpret_cast<int16_t*>(base + l.parent)),
@@ -102,69 +98,130 @@ __device__ bool tuple_precedes(const BuildSmem& m, uint32_t a, uint32_t b) {
     return x.depth < y.depth;
 }
 
-// The heap's order: slot a pops before slot b.
-__device__ bool precedes(const BuildSmem& m, int a, int b) {
-    const double sa = m.score[a], sb = m.score[b];
-    return sa > sb || (sa == sb && tuple_precedes(m, m.meta[a], m.meta[b]));
-}
-
-// The best of the slots lane, lane + 32, ... below `slots`; -1 when the lane holds none.
-__device__ int lane_best(const BuildSmem& m, int lane, int slots) {
-    int best = -1;
-    for (int s = lane; s < slots; s += 32) {
-        if (best < 0 || precedes(m, s, best)) best = s;
-    }
-    return best;
-}
-
 // Unsigned key ordered as the score, equal exactly when the scores compare equal (-0 keyed as +0); 0 = no entry.
 __device__ __forceinline__ uint64_t score_key(double score) {
     const uint64_t bits = static_cast<uint64_t>(__double_as_longlong(__dadd_rn(score, 0.0)));
     return (bits >> 63) ? ~bits : bits | (1ull << 63);
 }
 
-// Warp 0: pops up to `budget` nodes into the shared node arrays; returns how many.
-__device__ int pop_nodes(const BuildSmem& m, int budget, int depth_limit) {
+// One lane's frontier slots lane, lane + 32, ... (slot s in register s / 32 of lane s % 32), and the best of them
+// with the log-probs its pop will need: lp[depth, rank], lp[depth, rank + 1] and lp[depth + 1, 0].
+template <int kSlots>
+struct LaneFrontier {
+    double score[kSlots];
+    uint32_t meta[kSlots];
+    int best;  // register index of the best slot, -1 when the lane holds none
+    double best_score;
+    uint32_t best_meta;
+    uint64_t best_key;
+    float lp_rank, lp_next, lp_child;
+
+    __device__ __forceinline__ void set(int lane, int slot, double value, uint32_t entry) {
+        // Selects over every register by a bit mask, not an access to register slot >> 5: an indexed access (which
+        // the compiler makes of a compare against the index, too) would put the arrays in local memory.
+        const uint32_t which = lane == (slot & 31) ? 1u << (slot >> 5) : 0u;
+#pragma unroll
+        for (int k = 0; k < kSlots; ++k) {
+            const bool hit = (which >> k) & 1u;
+            score[k] = hit ? value : score[k];
+            meta[k] = hit ? entry : meta[k];
+        }
+    }
+
+    // Slot `slot`'s score and entry, to every lane.
+    __device__ __forceinline__ void get(int slot, double& value, uint32_t& entry) const {
+        const uint32_t which = 1u << (slot >> 5);
+        double v = score[0];
+        uint32_t e = meta[0];
+#pragma unroll
+        for (int k = 1; k < kSlots; ++k) {
+            v = (which >> k) & 1u ? score[k] : v;
+            e = (which >> k) & 1u ? meta[k] : e;
+        }
+        value = __shfl_sync(kFullMask, v, slot & 31);
+        entry = __shfl_sync(kFullMask, e, slot & 31);
+    }
+
+    __device__ __forceinline__ void refresh(const BuildSmem& m, int lane, int slots, int depth_limit) {
+        best = -1;
+#pragma unroll
+        for (int k = 0; k < kSlots; ++k) {
+            if (k * 32 + lane < slots &&
+                (best < 0 || score[k] > best_score ||
+                 (score[k] == best_score && tuple_precedes(m, meta[k], best_meta)))) {
+                best = k;
+                best_score = score[k];
+                best_meta = meta[k];
+            }
+        }
+        best_key = best >= 0 ? score_key(best_score) : 0;
+        if (best >= 0) {  // loads that complete while the warp finds the next pop
+            const Entry e = unpack_entry(best_meta);
+            const float* row = m.lp + (e.depth - 1) * m.top_k;
+            lp_rank = row[e.rank];
+            lp_next = e.rank + 1 < m.top_k ? row[e.rank + 1] : 0.f;
+            lp_child = e.depth < depth_limit ? row[m.top_k] : 0.f;
+        }
+    }
+};
+
+// Warp 0: pops up to `budget` nodes into the shared node arrays; returns how many. kSlots * 32 >= budget.
+template <int kSlots>
+__device__ __forceinline__ int pop_nodes(const BuildSmem& m, int budget, int depth_limit) {
     const int lane = static_cast<int>(threadIdx.x);
+    LaneFrontier<kSlots> f;
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) {
+        f.score[k] = 0.0;
+        f.meta[k] = 0;
+    }
+    f.best_score = 0.0;
+    f.best_meta = 0;
     int slots = 0;
     if (budget > 0) {
-        if (lane == 0) {
-            m.score[0] = static_cast<double>(m.lp[0]);
-            m.meta[0] = pack_entry(0, 1, 0);
-        }
+        f.set(lane, 0, static_cast<double>(m.lp[0]), pack_entry(0, 1, 0));
         slots = 1;
     }
-    __syncwarp();
-    int mine = lane < slots ? lane : -1;
-    uint64_t key = mine >= 0 ? score_key(m.score[mine]) : 0;
+    f.refresh(m, lane, slots, depth_limit);
     int count = 0;
     while (count < budget && slots > 0) {
-        const uint32_t high = __reduce_max_sync(kFullMask, static_cast<uint32_t>(key >> 32));
-        const bool top = mine >= 0 && static_cast<uint32_t>(key >> 32) == high;
-        const uint32_t low = __reduce_max_sync(kFullMask, top ? static_cast<uint32_t>(key) : 0u);
-        uint32_t tied = __ballot_sync(kFullMask, top && static_cast<uint32_t>(key) == low);
-        int w = __shfl_sync(kFullMask, mine, __ffs(tied) - 1);
-        for (tied &= tied - 1; tied != 0; tied &= tied - 1) {  // `tied` is warp-uniform
-            const int other = __shfl_sync(kFullMask, mine, __ffs(tied) - 1);
-            if (tuple_precedes(m, m.meta[other], m.meta[w])) w = other;
+        const uint32_t high = __reduce_max_sync(kFullMask, static_cast<uint32_t>(f.best_key >> 32));
+        const bool top = f.best >= 0 && static_cast<uint32_t>(f.best_key >> 32) == high;
+        const uint32_t low = __reduce_max_sync(kFullMask, top ? static_cast<uint32_t>(f.best_key) : 0u);
+        const uint32_t tied = __ballot_sync(kFullMask, top && static_cast<uint32_t>(f.best_key) == low);
+        int winner = __ffs(tied) - 1;
+        if (tied & (tied - 1)) {  // equal scores (`tied` is warp-uniform): the rank tuple decides
+            uint32_t leader = __shfl_sync(kFullMask, f.best_meta, winner);
+            for (uint32_t rest = tied & (tied - 1); rest != 0; rest &= rest - 1) {
+                const int other_lane = __ffs(rest) - 1;
+                const uint32_t other = __shfl_sync(kFullMask, f.best_meta, other_lane);
+                if (tuple_precedes(m, other, leader)) {
+                    winner = other_lane;
+                    leader = other;
+                }
+            }
         }
-        const double score = m.score[w];
-        const Entry e = unpack_entry(m.meta[w]);
-        __syncwarp();  // every lane has read slot w before lane 0 rewrites it
+        const double score = __shfl_sync(kFullMask, f.best_score, winner);
+        const Entry e = unpack_entry(__shfl_sync(kFullMask, f.best_meta, winner));
+        const int w = __shfl_sync(kFullMask, f.best, winner) * 32 + winner;
+        const float lp_rank = __shfl_sync(kFullMask, f.lp_rank, winner);
+        const float lp_next = __shfl_sync(kFullMask, f.lp_next, winner);
+        const float lp_child = __shfl_sync(kFullMask, f.lp_child, winner);
 
         const int node = ++count;
         if (lane <= e.depth) {
             m.anc[node * kAncestorStride + lane] =
                 static_cast<int16_t>(lane < e.depth ? m.anc[e.parent * kAncestorStride + lane] : node);
         }
+        const int previous = m.last[e.parent];
         if (lane == 0) {
             m.parent[node] = static_cast<int16_t>(e.parent);
             m.rank[node] = static_cast<int16_t>(e.rank);
             m.depth[node] = static_cast<int8_t>(e.depth);
-            if (m.first[e.parent] < 0) {
+            if (previous < 0) {
                 m.first[e.parent] = static_cast<int16_t>(node);
             } else {
-                m.next[m.last[e.parent]] = static_cast<int16_t>(node);
+                m.next[previous] = static_cast<int16_t>(node);
             }
             m.last[e.parent] = static_cast<int16_t>(node);
         }
@@ -172,38 +229,28 @@ __device__ int pop_nodes(const BuildSmem& m, int budget, int depth_limit) {
 
         // Push the next sibling into the popped slot and the rank-0 child into a new one (or into the popped
         // slot when there is no sibling); with neither, the last slot moves into the popped one.
-        const float* row = m.lp + (e.depth - 1) * m.top_k;
         const bool sibling = e.rank + 1 < m.top_k;
         const bool child = e.depth < depth_limit;
-        int moved = -1;  // a second slot whose owner must look at its slots again
-        if (sibling && lane == 0) {
-            m.score[w] = __dadd_rn(__dsub_rn(score, static_cast<double>(row[e.rank])),
-                                   static_cast<double>(row[e.rank + 1]));
-            m.meta[w] = pack_entry(e.parent, e.depth, e.rank + 1);
+        if (sibling) {
+            f.set(lane, w, __dadd_rn(__dsub_rn(score, static_cast<double>(lp_rank)), static_cast<double>(lp_next)),
+                  pack_entry(e.parent, e.depth, e.rank + 1));
         }
         if (child) {
-            const int slot = sibling ? slots++ : w;
-            if (lane == 0) {
-                m.score[slot] = __dadd_rn(score, static_cast<double>(row[m.top_k]));
-                m.meta[slot] = pack_entry(node, e.depth + 1, 0);
-            }
-            moved = slot;
-        } else if (!sibling) {
-            moved = --slots;
-            if (lane == 0 && w != moved) {
-                m.score[w] = m.score[moved];
-                m.meta[w] = m.meta[moved];
-            }
+            f.set(lane, sibling ? slots++ : w, __dadd_rn(score, static_cast<double>(lp_child)),
+                  pack_entry(node, e.depth + 1, 0));
+        } else if (!sibling && w != --slots) {
+            double moved_score;
+            uint32_t moved_entry;
+            f.get(slots, moved_score, moved_entry);
+            f.set(lane, w, moved_score, moved_entry);
         }
-        __syncwarp();
-        if (lane == (w & 31) || (moved >= 0 && lane == (moved & 31))) {
-            mine = lane_best(m, lane, slots);
-            key = mine >= 0 ? score_key(m.score[mine]) : 0;
-        }
+        __syncwarp();  // the new node's shared rows are visible to the rank-tuple comparisons
+        f.refresh(m, lane, slots, depth_limit);
     }
     return count;
 }
 
+template <int kSlots>
 __global__ void __launch_bounds__(kThreads) tree_build_kernel(TreeCandidates in, TreeArrays tree, TreeShape shape) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ int nodes;
@@ -211,6 +258,7 @@ __global__ void __launch_bounds__(kThreads) tree_build_kernel(TreeCandidates in,
     const BuildSmem m(smem, layout);
     const int s = static_cast<int>(blockIdx.x), tid = static_cast<int>(threadIdx.x);
     const int depth_limit = shape.depth_limit, top_k = layout.top_k, rows = layout.rows;
+    dependent_kernel_start();  // the candidates come from the drafter's top-K kernel
 
     const size_t in_base = static_cast<size_t>(s) * depth_limit * in.width;
     for (int i = tid; i < depth_limit * top_k; i += kThreads) {
@@ -226,7 +274,7 @@ __global__ void __launch_bounds__(kThreads) tree_build_kernel(TreeCandidates in,
     }
     __syncthreads();
     if (tid < 32) {
-        const int count = pop_nodes(m, shape.budget, depth_limit);
+        const int count = pop_nodes<kSlots>(m, shape.budget, depth_limit);
         if (tid == 0) nodes = count;
     }
     __syncthreads();
@@ -264,17 +312,32 @@ __global__ void __launch_bounds__(kThreads) tree_build_kernel(TreeCandidates in,
     if (tid == 0) tree.node_count[s] = n;
 }
 
+
+// One instantiation per frontier size: its own shared-memory opt-in, made once per device.
+template <int kSlots>
+cudaError_t launch_build(const TreeCandidates& in, const TreeArrays& tree, const TreeShape& shape,
+                         cudaStream_t stream) {
+    static std::atomic<uint64_t> opted_in{0};
+    DDTREE_RETURN_IF_ERROR(opt_in_smem(tree_build_kernel<kSlots>,
+                                       BuildLayout(kTreeMaxBudget, kTreeMaxDepth, kTreeMaxWidth).bytes, opted_in));
+    const BuildLayout layout(shape.budget, shape.depth_limit, in.width);
+    return launch_dependent(tree_build_kernel<kSlots>, dim3(shape.streams), dim3(kThreads), layout.bytes, stream, in,
+                            tree, shape);
+}
+
 }  // namespace
 
 cudaError_t tree_build(const TreeCandidates& in, const TreeArrays& tree, const TreeShape& shape, cudaStream_t stream) {
     if (!tree_shape_valid(shape) || in.width < 1 || in.width > kTreeMaxWidth) return cudaErrorInvalidValue;
     if (shape.streams == 0) return cudaSuccess;
-    static std::atomic<uint64_t> opted_in{0};
-    DDTREE_RETURN_IF_ERROR(opt_in_smem(tree_build_kernel,
-                                       BuildLayout(kTreeMaxBudget, kTreeMaxDepth, kTreeMaxWidth).bytes, opted_in));
-    const BuildLayout layout(shape.budget, shape.depth_limit, in.width);
-    tree_build_kernel<<<shape.streams, kThreads, layout.bytes, stream>>>(in, tree, shape);
-    return cudaGetLastError();
+    // The frontier never holds more than `budget` slots; the fewest registers per lane that hold them.
+    const int per_lane = (shape.budget + 31) / 32;
+    if (per_lane <= 1) return launch_build<1>(in, tree, shape, stream);
+    if (per_lane <= 2) return launch_build<2>(in, tree, shape, stream);
+    if (per_lane <= 4) return launch_build<4>(in, tree, shape, stream);
+    if (per_lane <= 8) return launch_build<8>(in, tree, shape, stream);
+    if (per_lane <= 16) return launch_build<16>(in, tree, shape, stream);
+    return launch_build<32>(in, tree, shape, stream);
 }
 
 }  // namespace ddtree::kernels

@@ -1,7 +1,8 @@
 // DDTree commit: one grid of (layers + tap-row slices) x streams CTAs. A layer CTA stages the moved latent rows of
 // one (layer, stream) in shared memory before writing any (source and destination rows overlap whenever a node was
 // skipped); a tap CTA copies a 16 KiB slice of one accepted node's tapped hidden row into the drafter context. A
-// one-CTA launch behind it advances the committed lengths, after every layer CTA has read them.
+// one-CTA launch behind it advances the committed lengths, after every layer CTA has read them. Both are launched
+// as programmatic dependents, so each launch overlaps the kernel before it.
 #include <atomic>
 
 #include "gemm_mma.cuh"  // opt_in_smem
@@ -22,6 +23,7 @@ __global__ void __launch_bounds__(kThreads)
     __shared__ int path[kTreeMaxDepth + 1];
     const int s = static_cast<int>(blockIdx.y), tid = static_cast<int>(threadIdx.x);
     const int max_len = shape.depth_limit + 1;
+    dependent_kernel_start();  // the path comes from the accept walk
     const int len = min(max(accept_len[s], 1), max_len);
     if (tid < len) path[tid] = accepted[static_cast<size_t>(s) * max_len + tid];
     __syncthreads();
@@ -63,6 +65,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void advance_start_kernel(int32_t* start, const int32_t* accept_len, int streams) {
+    grid_dependency_wait();  // every commit CTA has read start
     for (int s = static_cast<int>(threadIdx.x); s < streams; s += static_cast<int>(blockDim.x)) {
         start[s] += accept_len[s];
     }
@@ -88,12 +91,12 @@ cudaError_t tree_commit(const LatentCache& cache, const TapGather& taps, const i
         static std::atomic<uint64_t> opted_in{0};  // the staged rows plus the static path can pass 48 KiB
         DDTREE_RETURN_IF_ERROR(opt_in_smem(tree_commit_kernel, kCommitMaxStagedBytes, opted_in));
         const dim3 grid(static_cast<unsigned>(cache.layers + tap_ctas), static_cast<unsigned>(shape.streams));
-        tree_commit_kernel<<<grid, kThreads, staged, stream>>>(cache, taps, stream_base, start, accepted, accept_len,
-                                                               shape);
-        DDTREE_RETURN_IF_ERROR(cudaGetLastError());
+        DDTREE_RETURN_IF_ERROR(launch_dependent(tree_commit_kernel, grid, dim3(kThreads), staged, stream, cache, taps,
+                                                stream_base, static_cast<const int32_t*>(start), accepted,
+                                                accept_len, shape));
     }
-    advance_start_kernel<<<1, kThreads, 0, stream>>>(start, accept_len, shape.streams);
-    return cudaGetLastError();
+    return launch_dependent(advance_start_kernel, dim3(1), dim3(kThreads), 0, stream, start, accept_len,
+                            shape.streams);
 }
 
 }  // namespace ddtree::kernels
