@@ -5,9 +5,9 @@
 // from the budget); each lane keeps the best of its slots, and a pop is a warp arg-max over those: two redux.sync
 // steps over an order-preserving 64-bit key of the score, then the rank tuple among the (rare) lanes of exactly
 // equal score. A pop is a short chain of warp operations, with no shared-memory round trip on the path from one
-// pop to the next (each lane fetches its best entry's successor log-probs ahead of time). The nodes' parents,
-// ranks and ancestor rows go to shared memory as they are popped; after the last pop all threads write the tree's
-// arrays from there.
+// pop to the next (each lane fetches its best entry's successor log-probs ahead of time). The nodes' parents, ranks
+// and links go to shared memory as they are popped; after the last pop all threads derive the ancestor rows and
+// write the tree's arrays from there.
 #include <atomic>
 
 #include "gemm_mma.cuh"  // opt_in_smem
@@ -34,7 +34,7 @@ __device__ __forceinline__ Entry unpack_entry(uint32_t m) {
 // Byte offsets of the CTA's shared arrays; the host sizes the launch with the same computation.
 struct BuildLayout {
     int top_k, rows;
-    unsigned lp, ids, anc, parent, rank, first, next, last, depth, bytes;
+    unsigned lp, ids, anc, parent, rank, first, next, depth, bytes;
 
     __host__ __device__ BuildLayout(int budget, int depth_limit, int width) {
         top_k = budget < width ? budget : width;  // ranks at or past min(budget, K) are never pushed
@@ -54,7 +54,6 @@ struct BuildLayout {
         rank = take(2u * rows, 2);
         first = take(2u * rows, 2);
         next = take(2u * rows, 2);
-        last = take(2u * rows, 2);
         depth = take(1u * rows, 1);
         bytes = take(0, 16);
     }
@@ -63,12 +62,11 @@ struct BuildLayout {
 struct BuildSmem {
     float* lp;          // [L, top_k]
     int32_t* ids;       // [L, top_k]
-    int16_t* anc;       // [rows, kAncestorStride]: ancestor at each depth 0..depth, the node itself last
+    int16_t* anc;       // [rows, kAncestorStride]: ancestor at each depth 0..depth, the node itself last (after the pops)
     int16_t* parent;    // [rows]
     int16_t* rank;      // [rows]
     int16_t* first;     // [rows] first child
     int16_t* next;      // [rows] next sibling
-    int16_t* last;      // [rows] last child so far
     int8_t* depth;      // [rows]
     int top_k;
 
@@ -80,22 +78,33 @@ struct BuildSmem {
           rank(reinterpret_cast<int16_t*>(base + l.rank)),
           first(reinterpret_cast<int16_t*>(base + l.first)),
           next(reinterpret_cast<int16_t*>(base + l.next)),
-          last(reinterpret_cast<int16_t*>(base + l.last)),
           depth(reinterpret_cast<int8_t*>(base + l.depth)),
           top_k(l.top_k) {}
 };
 
 // Order of two entries of equal score: their rank tuples (the rank chosen at depths 1..depth) lexicographically,
-// a prefix before its extensions, as Python compares tuples. Two entries never share a tuple.
+// a prefix before its extensions, as Python compares tuples. Two entries never share a tuple. A position is "the
+// child of `parent` of rank `rank`"; tuples first differ just below the two paths' deepest common node, found by
+// walking the parents (only on exact score ties).
 __device__ bool tuple_precedes(const BuildSmem& m, uint32_t a, uint32_t b) {
     const Entry x = unpack_entry(a), y = unpack_entry(b);
-    const int common = x.depth < y.depth ? x.depth : y.depth;
-    for (int j = 1; j <= common; ++j) {
-        const int rx = j < x.depth ? m.rank[m.anc[x.parent * kAncestorStride + j]] : x.rank;
-        const int ry = j < y.depth ? m.rank[m.anc[y.parent * kAncestorStride + j]] : y.rank;
-        if (rx != ry) return rx < ry;
+    int xp = x.parent, xr = x.rank, yp = y.parent, yr = y.rank;
+    for (int d = x.depth; d > y.depth; --d) {
+        xr = m.rank[xp];
+        xp = m.parent[xp];
     }
-    return x.depth < y.depth;
+    for (int d = y.depth; d > x.depth; --d) {
+        yr = m.rank[yp];
+        yp = m.parent[yp];
+    }
+    if (xp == yp && xr == yr) return x.depth < y.depth;  // one tuple is a prefix of the other
+    while (xp != yp) {
+        xr = m.rank[xp];
+        xp = m.parent[xp];
+        yr = m.rank[yp];
+        yp = m.parent[yp];
+    }
+    return xr < yr;
 }
 
 // Unsigned key ordered as the score, equal exactly when the scores compare equal (-0 keyed as +0); 0 = no entry.
@@ -105,18 +114,21 @@ __device__ __forceinline__ uint64_t score_key(double score) {
 }
 
 // One lane's frontier slots lane, lane + 32, ... (slot s in register s / 32 of lane s % 32), and the best of them
-// with the log-probs its pop will need: lp[depth, rank], lp[depth, rank + 1] and lp[depth + 1, 0].
+// with the log-probs its pop will need: lp[depth, rank], lp[depth, rank + 1] and lp[depth + 1, 0]. An entry is its
+// score, its packed (parent, depth, rank) and the node it is the next sibling of (-1 for a rank-0 child).
 template <int kSlots>
 struct LaneFrontier {
     double score[kSlots];
     uint32_t meta[kSlots];
+    int prev[kSlots];
     int best;  // register index of the best slot, -1 when the lane holds none
     double best_score;
     uint32_t best_meta;
+    int best_prev;
     uint64_t best_key;
     float lp_rank, lp_next, lp_child;
 
-    __device__ __forceinline__ void set(int lane, int slot, double value, uint32_t entry) {
+    __device__ __forceinline__ void set(int lane, int slot, double value, uint32_t entry, int previous) {
         // Selects over every register by a bit mask, not an access to register slot >> 5: an indexed access (which
         // the compiler makes of a compare against the index, too) would put the arrays in local memory.
         const uint32_t which = lane == (slot & 31) ? 1u << (slot >> 5) : 0u;
@@ -125,21 +137,25 @@ struct LaneFrontier {
             const bool hit = (which >> k) & 1u;
             score[k] = hit ? value : score[k];
             meta[k] = hit ? entry : meta[k];
+            prev[k] = hit ? previous : prev[k];
         }
     }
 
-    // Slot `slot`'s score and entry, to every lane.
-    __device__ __forceinline__ void get(int slot, double& value, uint32_t& entry) const {
+    // Slot `slot`'s entry, to every lane.
+    __device__ __forceinline__ void get(int slot, double& value, uint32_t& entry, int& previous) const {
         const uint32_t which = 1u << (slot >> 5);
         double v = score[0];
         uint32_t e = meta[0];
+        int p = prev[0];
 #pragma unroll
         for (int k = 1; k < kSlots; ++k) {
             v = (which >> k) & 1u ? score[k] : v;
             e = (which >> k) & 1u ? meta[k] : e;
+            p = (which >> k) & 1u ? prev[k] : p;
         }
         value = __shfl_sync(kFullMask, v, slot & 31);
         entry = __shfl_sync(kFullMask, e, slot & 31);
+        previous = __shfl_sync(kFullMask, p, slot & 31);
     }
 
     __device__ __forceinline__ void refresh(const BuildSmem& m, int lane, int slots, int depth_limit) {
@@ -152,6 +168,7 @@ struct LaneFrontier {
                 best = k;
                 best_score = score[k];
                 best_meta = meta[k];
+                best_prev = prev[k];
             }
         }
         best_key = best >= 0 ? score_key(best_score) : 0;
@@ -165,7 +182,9 @@ struct LaneFrontier {
     }
 };
 
-// Warp 0: pops up to `budget` nodes into the shared node arrays; returns how many. kSlots * 32 >= budget.
+// Warp 0: pops up to `budget` nodes into the shared node arrays; returns how many. kSlots * 32 >= budget. The
+// shared arrays are only written here (the rank tuples of tied entries read them), so a pop waits on no
+// shared-memory load.
 template <int kSlots>
 __device__ __forceinline__ int pop_nodes(const BuildSmem& m, int budget, int depth_limit) {
     const int lane = static_cast<int>(threadIdx.x);
@@ -174,12 +193,14 @@ __device__ __forceinline__ int pop_nodes(const BuildSmem& m, int budget, int dep
     for (int k = 0; k < kSlots; ++k) {
         f.score[k] = 0.0;
         f.meta[k] = 0;
+        f.prev[k] = -1;
     }
     f.best_score = 0.0;
     f.best_meta = 0;
+    f.best_prev = -1;
     int slots = 0;
     if (budget > 0) {
-        f.set(lane, 0, static_cast<double>(m.lp[0]), pack_entry(0, 1, 0));
+        f.set(lane, 0, static_cast<double>(m.lp[0]), pack_entry(0, 1, 0), -1);
         slots = 1;
     }
     f.refresh(m, lane, slots, depth_limit);
@@ -187,10 +208,13 @@ __device__ __forceinline__ int pop_nodes(const BuildSmem& m, int budget, int dep
     while (count < budget && slots > 0) {
         const uint32_t high = __reduce_max_sync(kFullMask, static_cast<uint32_t>(f.best_key >> 32));
         const bool top = f.best >= 0 && static_cast<uint32_t>(f.best_key >> 32) == high;
-        const uint32_t low = __reduce_max_sync(kFullMask, top ? static_cast<uint32_t>(f.best_key) : 0u);
-        const uint32_t tied = __ballot_sync(kFullMask, top && static_cast<uint32_t>(f.best_key) == low);
+        uint32_t tied = __ballot_sync(kFullMask, top);
+        if (tied & (tied - 1)) {  // `tied` is warp-uniform: the low halves decide, then the rank tuple
+            const uint32_t low = __reduce_max_sync(kFullMask, top ? static_cast<uint32_t>(f.best_key) : 0u);
+            tied = __ballot_sync(kFullMask, top && static_cast<uint32_t>(f.best_key) == low);
+        }
         int winner = __ffs(tied) - 1;
-        if (tied & (tied - 1)) {  // equal scores (`tied` is warp-uniform): the rank tuple decides
+        if (tied & (tied - 1)) {
             uint32_t leader = __shfl_sync(kFullMask, f.best_meta, winner);
             for (uint32_t rest = tied & (tied - 1); rest != 0; rest &= rest - 1) {
                 const int other_lane = __ffs(rest) - 1;
@@ -203,27 +227,24 @@ __device__ __forceinline__ int pop_nodes(const BuildSmem& m, int budget, int dep
         }
         const double score = __shfl_sync(kFullMask, f.best_score, winner);
         const Entry e = unpack_entry(__shfl_sync(kFullMask, f.best_meta, winner));
+        const int previous = __shfl_sync(kFullMask, f.best_prev, winner);
         const int w = __shfl_sync(kFullMask, f.best, winner) * 32 + winner;
         const float lp_rank = __shfl_sync(kFullMask, f.lp_rank, winner);
         const float lp_next = __shfl_sync(kFullMask, f.lp_next, winner);
         const float lp_child = __shfl_sync(kFullMask, f.lp_child, winner);
 
+        // Siblings pop in rank order (each is pushed when the one before it pops), so the rank-0 child is the
+        // first child and every other child is the next sibling of the node that pushed it.
         const int node = ++count;
-        if (lane <= e.depth) {
-            m.anc[node * kAncestorStride + lane] =
-                static_cast<int16_t>(lane < e.depth ? m.anc[e.parent * kAncestorStride + lane] : node);
-        }
-        const int previous = m.last[e.parent];
         if (lane == 0) {
             m.parent[node] = static_cast<int16_t>(e.parent);
             m.rank[node] = static_cast<int16_t>(e.rank);
             m.depth[node] = static_cast<int8_t>(e.depth);
-            if (previous < 0) {
+            if (e.rank == 0) {
                 m.first[e.parent] = static_cast<int16_t>(node);
             } else {
                 m.next[previous] = static_cast<int16_t>(node);
             }
-            m.last[e.parent] = static_cast<int16_t>(node);
         }
         if (count == budget) break;  // the last pop's successors would never be popped
 
@@ -233,25 +254,26 @@ __device__ __forceinline__ int pop_nodes(const BuildSmem& m, int budget, int dep
         const bool child = e.depth < depth_limit;
         if (sibling) {
             f.set(lane, w, __dadd_rn(__dsub_rn(score, static_cast<double>(lp_rank)), static_cast<double>(lp_next)),
-                  pack_entry(e.parent, e.depth, e.rank + 1));
+                  pack_entry(e.parent, e.depth, e.rank + 1), node);
         }
         if (child) {
             f.set(lane, sibling ? slots++ : w, __dadd_rn(score, static_cast<double>(lp_child)),
-                  pack_entry(node, e.depth + 1, 0));
+                  pack_entry(node, e.depth + 1, 0), -1);
         } else if (!sibling && w != --slots) {
             double moved_score;
             uint32_t moved_entry;
-            f.get(slots, moved_score, moved_entry);
-            f.set(lane, w, moved_score, moved_entry);
+            int moved_prev;
+            f.get(slots, moved_score, moved_entry, moved_prev);
+            f.set(lane, w, moved_score, moved_entry, moved_prev);
         }
-        __syncwarp();  // the new node's shared rows are visible to the rank-tuple comparisons
+        __syncwarp();  // the new node's parent and rank are visible to the rank-tuple comparisons
         f.refresh(m, lane, slots, depth_limit);
     }
     return count;
 }
 
 template <int kSlots>
-__global__ void __launch_bounds__(kThreads) tree_build_kernel(TreeCandidates in, TreeArrays tree, TreeShape shape) {
+__global__ void __launch_bounds__(kThreads, 1) tree_build_kernel(TreeCandidates in, TreeArrays tree, TreeShape shape) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ int nodes;
     const BuildLayout layout(shape.budget, shape.depth_limit, in.width);
@@ -266,11 +288,10 @@ __global__ void __launch_bounds__(kThreads) tree_build_kernel(TreeCandidates in,
         m.lp[i] = in.log_probs[at];
         m.ids[i] = in.token_ids[at];
     }
-    for (int i = tid; i < rows; i += kThreads) m.first[i] = m.next[i] = m.last[i] = -1;
+    for (int i = tid; i < rows; i += kThreads) m.first[i] = m.next[i] = -1;
     if (tid == 0) {
         m.parent[0] = -1;
         m.depth[0] = 0;
-        m.anc[0] = 0;
     }
     __syncthreads();
     if (tid < 32) {
@@ -280,6 +301,14 @@ __global__ void __launch_bounds__(kThreads) tree_build_kernel(TreeCandidates in,
     __syncthreads();
 
     const int n = nodes;
+    for (int i = tid; i <= n; i += kThreads) {  // ancestor rows: walk up from the node
+        int node = i;
+        for (int j = m.depth[i]; j >= 0; --j) {
+            m.anc[i * kAncestorStride + j] = static_cast<int16_t>(node);
+            node = m.parent[node];
+        }
+    }
+    __syncthreads();
     const int start = in.start[s];
     const size_t row0 = static_cast<size_t>(s) * rows;
     for (int i = tid; i < rows; i += kThreads) {
