@@ -29,4 +29,5 @@ NB_MODULE(_native, m) {
     ddtree::bind_kernels(m);
     ddtree::bind_moe(m);
     ddtree::bind_engine(m);
+    ddtree::bind_tree(m);
 }

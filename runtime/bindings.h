@@ -12,5 +12,6 @@ cudaStream_t& kernel_launch_stream();
 void bind_kernels(nanobind::module_& m);
 void bind_moe(nanobind::module_& m);
 void bind_engine(nanobind::module_& m);  // after bind_kernels: adds to its submodule
+void bind_tree(nanobind::module_& m);    // after bind_kernels: adds to its submodule
 
 }  // namespace ddtree
