@@ -44,6 +44,15 @@ class ArDecoder {
     Generation generate(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens, float temperature,
                         uint64_t seed);
 
+    // Prefills the prompts (checked) and leaves each stream's first token in column 0 of the device history, whose
+    // rows are history_ld() apart (the DDTree round starts from there).
+    const int32_t* prefill_first_tokens(const std::vector<std::vector<int32_t>>& prompts, float temperature,
+                                        uint64_t seed) {
+        prefill_to_history(prompts, temperature, seed);
+        return state_.history;
+    }
+    int history_ld() const { return cache_.max_context(); }
+
     // Benchmark support: replays the decode graph of n streams at `positions` `iters` times; returns {device
     // seconds per step, host seconds per graph launch}.
     std::pair<double, double> time_decode(int n, const std::vector<int32_t>& positions, int iters, float temperature,

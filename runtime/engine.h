@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ar_decoder.h"
+#include "ddtree_round.h"
 #include "device_arena.h"
 #include "engine_weights.h"
 #include "latent_cache.h"
@@ -17,11 +18,9 @@
 #include "op_timeline.h"
 #include "row_batch.h"
 #include "target_model.h"
+#include "tree_layout.cuh"
 
 namespace ddtree {
-
-// The largest tree budget (drafted nodes per stream and round) an engine can be created for.
-constexpr int kMaxTreeBudget = 1024;
 
 // One stream's verify tree: the root (the bonus token, node 0) and its drafted nodes, parents[i] < i.
 struct VerifyTree {
@@ -72,6 +71,10 @@ class Engine {
     // Device time per operation of that verify forward (eager, one launch at a time), the mean of `iters` passes
     // after a warm-up.
     StepProfile profile_verify(const std::vector<VerifyTree>& trees, int iters);
+    // DDTree generation on the GPU with oracle draft candidates (tests and benchmarks; see DdtreeRound).
+    TreeGeneration generate_oracle(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
+                                   float temperature, uint64_t seed, const OracleRequest& oracle, int budget,
+                                   int depth_limit, int width);
 
     // Benchmark support: random cache contents; decode timing (ArDecoder).
     void randomize_cache(uint64_t seed);
@@ -97,6 +100,7 @@ class Engine {
     TargetModel model_;
     RowBatch eager_rows_;
     ArDecoder decoder_;
+    DdtreeRound round_;
 };
 
 }  // namespace ddtree

@@ -38,7 +38,7 @@ def engine_dims(cfg: ModelConfig) -> dict[str, Any]:
     }
 
 
-# The largest tree budget an engine takes (the runtime's kMaxTreeBudget, exported as _native.MAX_BUDGET).
+# The largest tree budget an engine takes (the runtime's kernels::kTreeMaxBudget, exported as _native.MAX_BUDGET).
 MAX_BUDGET = 1024
 
 
