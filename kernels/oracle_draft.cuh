@@ -11,9 +11,11 @@ namespace ddtree::kernels {
 
 // The continuation of stream s is reference[s][0 .. reference_len - 1]: the target's tokens after the prompt (column
 // 0 = the prefill's token). A round whose root is column count[s] - 1 wants column count[s] - 1 + d at depth d.
-// With probability hit[d - 1] (hash of seed, stream, count, depth) that token is a candidate, at rank 0 half the
-// time and else at a rank in 1..min(width, 4) - 1; the other ranks hold (token + 1 + rank) % vocab, distinct. Log-probs
-// are -0.1 - 0.5 * rank. log_probs, token_ids: [streams, L, width]; width < vocab.
+// Drawn by a hash of (seed, stream, count, depth): with probability hit[d - 1] that token is the rank-0 candidate
+// (so the chain of rank-0 candidates accepts about sum of prod hit tokens), with half the rest at a rank in
+// 1..min(width, 4) - 1 (a side branch, when width > 1), else it is no candidate. The other ranks hold
+// (token + 1 + rank) % vocab, distinct. Log-probs are -0.1 - 0.5 * rank. log_probs, token_ids: [streams, L, width];
+// width < vocab.
 // Every field that changes between calls is read from device memory, so a captured round serves them all.
 struct OracleDraft {
     const int32_t* reference;      // [streams][reference_ld]

@@ -73,9 +73,14 @@ def test_sampled_round_equals_sampled_autoregressive(model: str, model_dirs: dic
 
 
 def test_round_with_misses_and_one_token(model_dirs: dict[str, Path]) -> None:
-    """A drafter that is never right: one token per round, still the AR tokens; and a single new token (no round)."""
+    """A drafter that is never right (one candidate per depth, never the continuation): one token per round, still
+    the AR tokens; and a single new token (no round)."""
     engine = _engine("tiny", model_dirs, 2, 8)
-    accepts = _check_round_equals_ar(engine, 512, 2, 8, 0.0, 0.0, seed=3)
+    prompts = _prompts(512, [5, 34], 3)
+    ar = [r.tokens for r in engine.generate(prompts, NEW_TOKENS)]
+    tokens, accepts, rounds, _, _ = engine.native.generate_oracle(prompts, NEW_TOKENS, 0.0, 3, ar, [0.0] * DEPTH, 4,
+                                                                  1, DEPTH, 1)
+    assert tokens == ar and rounds >= NEW_TOKENS - 1
     assert all(a == 1 for stream in accepts for a in stream)
     prompts = _prompts(512, [4, 9], 1)
     ar = [r.tokens for r in engine.generate(prompts, 1)]
