@@ -114,10 +114,15 @@ def iter_expected_tensors(cfg: ModelConfig) -> Iterator[tuple[str, TensorSpec]]:
 def unused_by(cfg: ModelConfig) -> Callable[[str], bool]:
     """Whether a tensor name belongs to what a checkpoint of `cfg` may hold beside the model ddtree runs: its
     multi-token-prediction layers and, in multimodal checkpoints, everything outside the text model."""
-    p = cfg.weight_prefix
-    mtp = tuple(f"{p}model.layers.{i}." for i in range(cfg.num_hidden_layers,
-                                                          cfg.num_hidden_layers + cfg.num_nextn_predict_layers))
-    return lambda name: not name.startswith(p) or name.startswith(mtp)
+    p, first_mtp = cfg.weight_prefix, cfg.num_hidden_layers
+    layer = re.compile(rf"{re.escape(p)}model\.layers\.(\d{{1,18}})\.")  # a longer index is beyond any MTP layer
+
+    def unused(name: str) -> bool:
+        match = layer.match(name)
+        return not name.startswith(p) or (match is not None and
+                                          first_mtp <= int(match[1]) < first_mtp + cfg.num_nextn_predict_layers)
+
+    return unused
 
 
 _INDEX_COMPONENT = re.compile(r"(?<=\.)\d+(?=\.)")

@@ -273,7 +273,10 @@ def _describe(error: Exception) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exit:  # argparse has printed its one line (or the help): return its status, not raise
+        return int(exit.code or 0)
     console = Console()
     with warnings.catch_warnings():
         warnings.showwarning = _warn
