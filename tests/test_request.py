@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ddtree.checkpoint import Checkpoint, open_checkpoint
-from ddtree.drafter import make_drafter
+from ddtree.drafter import drafter_config_for, random_drafter_tensors
 from ddtree.errors import NonFiniteError, RequestError, check_token_ids
 from ddtree.limits import MAX_TREE_BUDGET, positions_needed, reference_verify_bytes
 from ddtree.reference import ReferenceModel, generate
@@ -22,11 +22,11 @@ NEW_TOKENS = 6
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[ReferenceModel, ReferenceDrafter]:
-    drafter_dir = tmp_path_factory.mktemp("drafter")
+def tiny(tiny_model_dir: Path) -> tuple[ReferenceModel, ReferenceDrafter]:
+    """The tiny target from disk and its drafter in memory (random tiny-preset weights)."""
     model = ReferenceModel.load(tiny_model_dir)
-    make_drafter(model.config, drafter_dir, seed=1, preset="tiny")
-    return model, ReferenceDrafter.for_model(drafter_dir, model)
+    cfg = drafter_config_for(model.config, "tiny")
+    return model, ReferenceDrafter(cfg, random_drafter_tensors(cfg, seed=1), model.embedding_table(), model.lm_head())
 
 
 @pytest.fixture(scope="module")
