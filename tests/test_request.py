@@ -65,6 +65,8 @@ BAD_REQUESTS = [
     ({"method": "ddtree", "prompt_ids": [1] * 1000, "max_new_tokens": 20},
      "need 1026 positions \\(6 of them for the last draft block of block_size 8\\)"),
     ({"method": "ddtree", "drafter": None}, "method 'ddtree' needs a drafter"),
+    ({"stop_token_ids": [2, 10**6]}, "stop_token_ids: token id 1000000 at position 1"),
+    ({"stop_token_ids": ["2"]}, "stop_token_ids: token ids must be integers"),
 ]
 
 

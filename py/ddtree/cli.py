@@ -29,24 +29,22 @@ DEFAULT_MODEL_DIR = Path.home() / ".cache" / "ddtree" / "tiny-seed0"
 DRAFTER_SUBDIR = "drafter"
 
 
-TOKEN_ID = re.compile(r"\s*[0-9]+\s*")  # ASCII digits only: int() would also take '+1', '1_0' and other scripts
+# A non-negative integer in ASCII digits (spaces around it allowed): int() would also take '+1', '1_0', other scripts.
+DECIMAL = re.compile(r"\s*[0-9]+\s*")
 
 
 def _prompt_ids(text: str) -> list[int]:
     """Comma-separated decimal token ids, every one present: '1,,2' and '1,2,' are refused, not read as [1, 2]."""
     pieces = text.split(",")
     for i, piece in enumerate(pieces):
-        if not TOKEN_ID.fullmatch(piece):
+        if not DECIMAL.fullmatch(piece):
             raise argparse.ArgumentTypeError(f"must be comma-separated token ids (decimal integers >= 0), got "
                                              f"{text!r:.80}: item {i + 1} is {piece!r:.40}")
     return [int(piece) for piece in pieces]
 
 
 def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
+    value = int(text) if DECIMAL.fullmatch(text) else 0
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r:.40}")
     return value
@@ -275,8 +273,8 @@ def _describe(error: Exception) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
-    except SystemExit as exit:  # argparse has printed its one line (or the help): return its status, not raise
-        return int(exit.code or 0)
+    except SystemExit as stop:  # argparse has printed its one line (or the help): return its status, not raise
+        return int(stop.code or 0)
     console = Console()
     with warnings.catch_warnings():
         warnings.showwarning = _warn

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ddtree.errors import NonFiniteError
+from ddtree.errors import NonFiniteError, check_token_ids
 from ddtree.reference.drafter import ReferenceDrafter, draft_top_k
 from ddtree.reference.model import ReferenceModel
 from ddtree.reference.tree import accept_tree, build_tree, next_context, target_choices, verify_inputs
@@ -42,7 +42,8 @@ def generate(model: ReferenceModel, drafter: ReferenceDrafter | None, prompt_ids
     finite raise NonFiniteError naming the position, instead of decoding NaN as token 0."""
     request = check_request(model.config, drafter.config if drafter is not None else None, prompt_ids,
                             max_new_tokens, method, budget, temperature, seed)
-    stops = {int(t) for t in stop_token_ids}
+    stops = set(check_token_ids(stop_token_ids, model.config.vocab_size, "stop_token_ids").tolist()) \
+        if len(stop_token_ids) else set()
     progress = on_tokens if on_tokens is not None else (lambda count: None)
     rng = np.random.default_rng(request.seed)
     if request.method == "ar":
