@@ -25,10 +25,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ddtree import cli
 from ddtree.checkpoint import INDEX_FILE, Checkpoint, expected_tensors, open_checkpoint, write_checkpoint
 from ddtree.config import ModelConfig, load_config, parse_config
 from ddtree.drafter import load_drafter_config, make_drafter, open_drafter
-from ddtree.errors import CheckpointError, CheckpointWarning, ConfigError, DDTreeError
+from ddtree.errors import CheckpointError, CheckpointWarning, ConfigError, DDTreeError, printable
 from ddtree.presets import preset_config, random_tensors
 
 
@@ -143,12 +144,27 @@ def assert_loads_original(result: Any, model: Model) -> None:
 # ---- shard files ---------------------------------------------------------------------------------------------
 
 
+def truncated_shard(model: Model, data: st.DataObject) -> tuple[str, dict[str, bytes]]:
+    shard = data.draw(st.sampled_from(model.shards))
+    cut = data.draw(st.integers(0, len(model.files[shard]) - 1))
+    return shard, {**model.files, shard: model.files[shard][:cut]}
+
+
+def corrupted_header(model: Model, data: st.DataObject) -> tuple[str, dict[str, bytes]]:
+    """One to four bytes of a shard's length field or JSON header overwritten."""
+    shard = data.draw(st.sampled_from(model.shards))
+    raw = bytearray(model.files[shard])
+    header_end = 8 + struct.unpack("<Q", raw[:8])[0]
+    for _ in range(data.draw(st.integers(1, 4))):
+        raw[data.draw(st.integers(0, header_end - 1))] = data.draw(st.integers(0, 255))
+    return shard, {**model.files, shard: bytes(raw)}
+
+
 @fuzz(1000)
 @given(data=st.data())
 def test_truncated_shard(model: Model, data: st.DataObject) -> None:
-    shard = data.draw(st.sampled_from(model.shards))
-    cut = data.draw(st.integers(0, len(model.files[shard]) - 1))
-    error, _ = outcome(lambda: open_checkpoint(model.write({**model.files, shard: model.files[shard][:cut]})))
+    shard, files = truncated_shard(model, data)
+    error, _ = outcome(lambda: open_checkpoint(model.write(files)))
     assert isinstance(error, CheckpointError)
     assert_names(error, shard)
 
@@ -156,14 +172,10 @@ def test_truncated_shard(model: Model, data: st.DataObject) -> None:
 @fuzz(2000)
 @given(data=st.data())
 def test_corrupted_header_bytes(model: Model, data: st.DataObject) -> None:
-    """Bytes of the length field or the JSON header overwritten: an error naming the shard or a tensor, or (when the
-    change means nothing, e.g. in padding) exactly the original tensors."""
-    shard = data.draw(st.sampled_from(model.shards))
-    raw = bytearray(model.files[shard])
-    header_end = 8 + struct.unpack("<Q", raw[:8])[0]
-    for _ in range(data.draw(st.integers(1, 4))):
-        raw[data.draw(st.integers(0, header_end - 1))] = data.draw(st.integers(0, 255))
-    result, _ = outcome(lambda: open_checkpoint(model.write({**model.files, shard: bytes(raw)})))
+    """An error naming the shard or a tensor, or (when the change means nothing, e.g. in padding) exactly the
+    original tensors."""
+    shard, files = corrupted_header(model, data)
+    result, _ = outcome(lambda: open_checkpoint(model.write(files)))
     if isinstance(result, DDTreeError):
         assert_names(result, shard, "tensor '")
     else:
@@ -270,8 +282,8 @@ EXTRA_NAMES = st.one_of(
     st.builds(lambda e, p, f: f"model.layers.1.mlp.experts.{e}.{p}.{f}", st.integers(2, 999),
               st.sampled_from(["gate_proj", "up_proj", "down_proj"]),
               st.sampled_from(["weight_packed", "weight_scale", "weight_shape"])),
-    # names ddtree does not know
-    st.text(st.sampled_from("abcxyz_.019"), min_size=1, max_size=24),
+    # names ddtree does not know, control characters included (messages must stay one line)
+    st.text(st.sampled_from("abcxyz_.019\n\t"), min_size=1, max_size=24),
 )
 
 
@@ -294,13 +306,13 @@ def test_extra_tensors(model: Model, data: st.DataObject) -> None:
     unknown = sorted(extras - unused - set(flagged))
     if flagged:
         assert isinstance(result, CheckpointError)
-        assert_names(result, f"tensor '{flagged[0]}' is beyond what")
+        assert_names(result, f"tensor '{printable(flagged[0])}' is beyond what")
         return
     assert_loads_original(result, model)
     warned = [str(w.message) for w in caught if issubclass(w.category, CheckpointWarning)]
     if unknown:
         assert len(warned) == 1 and f"ignoring {len(unknown)} tensor(s)" in warned[0]
-        assert f"'{unknown[0]}'" in warned[0]
+        assert f"'{printable(unknown[0])}'" in warned[0] and "\n" not in warned[0]
     else:
         assert warned == []
 
@@ -334,12 +346,11 @@ def test_index_points_at_a_missing_shard(model: Model, data: st.DataObject) -> N
     assert_names(error, f"{missing}: shard file not found")
 
 
-@fuzz(800)
-@given(data=st.data(), value=JSON)
-def test_malformed_index(model: Model, data: st.DataObject, value: Any) -> None:
+def malformed_index(model: Model, data: st.DataObject) -> dict[str, bytes]:
     """The whole index, its weight_map or one of its entries replaced by other JSON (or by bytes that are not)."""
     index = json.loads(model.files[INDEX_FILE])
     where = data.draw(st.sampled_from(["index", "weight_map", "entry", "bytes"]))
+    value = data.draw(JSON)
     if where == "index":
         index = value
     elif where == "weight_map":
@@ -347,7 +358,13 @@ def test_malformed_index(model: Model, data: st.DataObject, value: Any) -> None:
     elif where == "entry":
         index["weight_map"][data.draw(st.sampled_from(sorted(EXPECTED)))] = value
     text = data.draw(st.binary(max_size=40)) if where == "bytes" else json.dumps(index).encode()
-    result, _ = outcome(lambda: open_checkpoint(model.write({**model.files, INDEX_FILE: text})))
+    return {**model.files, INDEX_FILE: text}
+
+
+@fuzz(800)
+@given(data=st.data())
+def test_malformed_index(model: Model, data: st.DataObject) -> None:
+    result, _ = outcome(lambda: open_checkpoint(model.write(malformed_index(model, data))))
     if isinstance(result, Checkpoint):  # the replacement happened to be a valid index of the same files
         assert_loads_original(result, model)
     else:
@@ -402,13 +419,17 @@ def test_non_finite_config_numbers(model: Model, data: st.DataObject) -> None:
     assert "config.json" in str(error)
 
 
+def any_config_field(data: st.DataObject) -> dict[str, Any]:
+    """The micro config with one field (at any depth) set to any JSON value."""
+    return _with(MICRO_CONFIG, data.draw(st.sampled_from(_leaves(MICRO_CONFIG))), data.draw(JSON))
+
+
 @fuzz(1500)
-@given(data=st.data(), value=JSON)
-def test_config_fields_of_any_json(data: st.DataObject, value: Any) -> None:
-    """Any field set to any JSON value: a ConfigError naming a field, or a config that parses (the value was
-    valid, or a field ddtree does not read)."""
-    path = data.draw(st.sampled_from(_leaves(MICRO_CONFIG)))
-    result, _ = outcome(lambda: parse_config(_with(MICRO_CONFIG, path, value)))
+@given(data=st.data())
+def test_config_fields_of_any_json(data: st.DataObject) -> None:
+    """A ConfigError naming a field, or a config that parses (the value was valid, or a field ddtree does not
+    read) with every number finite."""
+    result, _ = outcome(lambda: parse_config(any_config_field(data)))
     if isinstance(result, DDTreeError):
         assert isinstance(result, ConfigError)
         assert_names(result, "field '")
@@ -443,6 +464,30 @@ def test_config_counts_against_the_checkpoint(model: Model, data: st.DataObject)
         assert_loads_original(result, model)
     else:
         assert_names(result, "tensor '", "field '")
+
+
+DEFECTS: dict[str, Callable[[Model, st.DataObject], dict[str, bytes]]] = {
+    "truncated shard": lambda model, data: truncated_shard(model, data)[1],
+    "corrupted header": lambda model, data: corrupted_header(model, data)[1],
+    "malformed index": malformed_index,
+    "config field": lambda model, data: {**model.files, "config.json": json.dumps(any_config_field(data)).encode()},
+}
+
+
+@settings(fuzz(400), suppress_health_check=[*fuzz(400).suppress_health_check, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_cli_reports_every_defect_in_one_line(model: Model, data: st.DataObject,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """ddtree-run generate over a defective checkpoint: status 2 and one error line, or a run (status 0) with at
+    most one warning line; never an internal error."""
+    files = DEFECTS[data.draw(st.sampled_from(sorted(DEFECTS)))](model, data)
+    status = cli.main(["generate", "--model", str(model.write(files)), "--prompt-ids", "1", "-n", "2",
+                       "--backend", "reference"])
+    lines = capsys.readouterr().err.splitlines()
+    if status == 2:
+        assert len(lines) == 1 and lines[0].startswith("ddtree-run: error: "), lines
+    else:
+        assert status == 0 and len(lines) <= 1 and all(line.startswith("ddtree-run: warning: ") for line in lines)
 
 
 # ---- the drafter against its target --------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import safetensors
 from safetensors import SafetensorError, safe_open
 
 from ddtree.config import ModelConfig
-from ddtree.errors import CheckpointError, CheckpointWarning
+from ddtree.errors import CheckpointError, CheckpointWarning, printable
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -154,7 +154,7 @@ def _shard_entries(shard: Path) -> dict[str, _Entry]:
             (header_len,) = struct.unpack("<Q", fh.read(8))
             header = json.loads(fh.read(header_len))
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{shard}: not a readable safetensors file ({e})") from None
+        raise CheckpointError(f"{shard}: not a readable safetensors file ({printable(str(e))})") from None
     data_start = 8 + header_len
     entries = {}
     for name in names:
@@ -175,10 +175,10 @@ def _weight_map(index_path: Path) -> dict[str, str]:
         raise CheckpointError(f"{index_path}: field 'weight_map' must be an object mapping tensor names to shard "
                               f"files, got {weight_map!r:.80}")
     for name, shard in weight_map.items():
-        # A shard is a file of the model directory: no path of another directory, however relative.
-        if not isinstance(shard, str) or shard in ("", "..") or Path(shard).name != shard:
-            raise CheckpointError(f"{index_path}: weight_map entry '{name}' is {shard!r:.80}; shards must be file "
-                                  f"names in the model directory")
+        # A shard is a file of the model directory (no path of another, however relative) with a printable name.
+        if not isinstance(shard, str) or shard in ("", "..") or Path(shard).name != shard or not shard.isprintable():
+            raise CheckpointError(f"{index_path}: weight_map entry '{printable(name)}' is {shard!r:.80}; shards must "
+                                  f"be file names in the model directory")
     return weight_map
 
 
@@ -212,12 +212,14 @@ class Checkpoint(Mapping[str, np.ndarray]):
         for shard in shards:
             for name, entry in _shard_entries(self.dir / shard).items():
                 if name in entries:
-                    raise CheckpointError(f"{entry.shard}: tensor '{name}' is also in {entries[name].shard.name}")
+                    raise CheckpointError(f"{entry.shard}: tensor '{printable(name)}' is also in "
+                                          f"{entries[name].shard.name}")
                 entries[name] = entry
         if weight_map is not None:
             for name, shard in weight_map.items():
                 if name not in entries or entries[name].shard.name != shard:
-                    raise CheckpointError(f"{self.dir / shard}: tensor '{name}' listed in {INDEX_FILE} is absent")
+                    raise CheckpointError(f"{self.dir / shard}: tensor '{printable(name)}' listed in {INDEX_FILE} "
+                                          f"is absent")
         return entries
 
     def _validate(self, expected: Iterable[tuple[str, TensorSpec]]) -> dict[str, TensorSpec]:
@@ -248,10 +250,11 @@ class Checkpoint(Mapping[str, np.ndarray]):
         kinds = {_kind(n) for n in self._specs}
         for name in extras:
             if _kind(name) in kinds:
-                raise CheckpointError(f"{self._entries[name].shard}: tensor '{name}' is beyond what "
+                raise CheckpointError(f"{self._entries[name].shard}: tensor '{printable(name)}' is beyond what "
                                       f"{self.dir / 'config.json'} counts (it lists fewer layers or experts than "
                                       f"the checkpoint holds)")
-        listed = ", ".join(f"'{n}'" for n in extras[:3]) + (f" and {len(extras) - 3} more" if len(extras) > 3 else "")
+        listed = ", ".join(f"'{printable(n)}'" for n in extras[:3]) + \
+            (f" and {len(extras) - 3} more" if len(extras) > 3 else "")
         warnings.warn(f"{self.dir}: ignoring {len(extras)} tensor(s) this model does not use: {listed}",
                       CheckpointWarning, stacklevel=3)
 

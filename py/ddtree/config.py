@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddtree.errors import ConfigError
+from ddtree.errors import ConfigError, printable
 
 SUPPORTED_MODEL_TYPES = ("deepseek_v3", "kimi_k2")
 # HF transformers and DeepSeek's code build q_a_layernorm and kv_a_layernorm with the RMSNorm default eps,
@@ -304,8 +304,8 @@ def _parse_quantization(f: Fields) -> QuantConfig:
         raise q.fail("config_groups", f"has {len(groups)} groups; ddtree supports exactly one")
     name, group = next(iter(groups.items()))
     if not isinstance(group, dict):
-        raise q.fail(f"config_groups.{name}", "must be an object")
-    g = Fields(group, f"{q.where}: config_groups.{name}")
+        raise q.fail(f"config_groups.{printable(name)}", "must be an object")
+    g = Fields(group, f"{q.where}: config_groups.{printable(name)}")
     for key in ("input_activations", "output_activations"):
         if group.get(key) is not None:
             raise g.fail(key, "is set; ddtree supports weight-only quantization (W4A16)")

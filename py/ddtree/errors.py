@@ -32,6 +32,12 @@ class CheckpointWarning(UserWarning):
     """A checkpoint holds tensors that ddtree does not know and ignores."""
 
 
+def printable(text: str) -> str:
+    """`text` with its control characters escaped: names read from files (tensor names, index entries, config
+    keys) may hold newlines, and a message must stay one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def check_token_ids(ids: Sequence[int] | np.ndarray, vocab_size: int, name: str | None = None) -> np.ndarray:
     """A non-empty 1-D int64 array of ids in [0, vocab); else RequestError naming the first bad id and position
     (after `name`, the argument, when given)."""
