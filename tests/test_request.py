@@ -62,6 +62,7 @@ BAD_REQUESTS = [
     ({"method": "ar", "budget": 4}, "budget applies to method 'ddtree' only"),
     ({"method": "ddtree", "budget": MAX_TREE_BUDGET + 1}, "budget 1025 is more than the maximum tree budget 1024"),
     ({"method": "ddtree", "budget": -2}, "budget must be a non-negative integer"),
+    ({"method": "ddtree", "budget": 10**400}, "is more than the maximum tree budget 1024: one round would verify"),
     ({"method": "ddtree", "prompt_ids": [1] * 1000, "max_new_tokens": 20},
      "need 1026 positions \\(6 of them for the last draft block of block_size 8\\)"),
     ({"method": "ddtree", "drafter": None}, "method 'ddtree' needs a drafter"),

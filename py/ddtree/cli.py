@@ -30,7 +30,8 @@ DRAFTER_SUBDIR = "drafter"
 
 
 # A non-negative integer in ASCII digits (spaces around it allowed): int() would also take '+1', '1_0', other scripts.
-DECIMAL = re.compile(r"\s*[0-9]+\s*")
+# At most 1000 digits: int() refuses more than 4300, and argparse would then report only 'invalid value'.
+DECIMAL = re.compile(r"\s*[0-9]{1,1000}\s*")
 
 
 def _prompt_ids(text: str) -> list[int]:

@@ -106,9 +106,15 @@ def _check_budget(model: ModelConfig, budget: object, context: int, names: Argum
     if budget > MAX_TREE_BUDGET:
         need = reference_verify_bytes(model, int(budget), context)
         raise RequestError(f"{names.budget} {budget} is more than the maximum tree budget {MAX_TREE_BUDGET}: one "
-                           f"round would verify {budget + 1} rows, which needs at least {need / 2**30:.1f} GiB in "
+                           f"round would verify {budget + 1} rows, which needs at least {_gib(need)} in "
                            f"the reference backend for this model (float32 attention scores of "
                            f"{model.num_attention_heads} heads and logits over {model.vocab_size} tokens)")
+
+
+def _gib(size: int) -> str:
+    """Bytes in GiB to one decimal (rounded down), in integer arithmetic: no float overflows for absurd sizes."""
+    tenths = size * 10 >> 30
+    return f"{tenths // 10}.{tenths % 10} GiB"
 
 
 def _check_positions(prompt_length: int, new_tokens: int, block: int | None, max_positions: int, config: str,
