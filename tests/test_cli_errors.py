@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from ddtree import cli
 from ddtree.checkpoint import INDEX_FILE, TensorSpec, open_checkpoint, write_tensor_dir
@@ -224,3 +226,48 @@ def test_oserror_is_one_line_with_the_file(capsys, model_dir, monkeypatch) -> No
     monkeypatch.setattr(ReferenceModel, "load", denied)
     _fails(capsys, _generate(model_dir, "--prompt-ids", PROMPT),
            f"ddtree-run: error: {model_dir / 'config.json'}: Permission denied")
+
+
+# ---- any argument list ---------------------------------------------------------------------------------------
+
+GARBAGE = st.sampled_from(["", " ", "-1", "0", "abc", "nan", "inf", "-inf", "1e999", "1.5", "+3", "1_0", "٣",
+                           str(2**64), str(2**70), "1,,2", ",", "\n", "--", "-n"])
+
+
+def _mostly(valid: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    """A valid value three times in four, else garbage."""
+    return st.one_of(valid, valid, valid, GARBAGE)
+
+
+VALUES = {
+    "--prompt-ids": _mostly(st.lists(st.integers(0, 600), min_size=1, max_size=4).map(
+        lambda ids: ",".join(map(str, ids)))),
+    "-n": _mostly(st.sampled_from(["1", "3", "6", "5000"])),
+    "--temperature": _mostly(st.sampled_from(["0", "0.7", "2"])),
+    "--seed": _mostly(st.integers(0, 9).map(str)),
+    "--method": _mostly(st.sampled_from(["ar", "ddtree"])),
+    "--budget": _mostly(st.sampled_from(["1", "7", "64", "1025", "100000"])),
+    "--backend": _mostly(st.sampled_from(["reference", "auto", "engine"])),
+    "--drafter": _mostly(st.just("MODEL/drafter")),
+    "--prompt": GARBAGE,
+}
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_generate_arguments_end_in_a_run_or_one_line(capsys, model_dir: Path, data: st.DataObject) -> None:
+    """Flags in any order with valid or malformed values: status 0 with the tokens, or status 2 and one error
+    line; never an internal error or a traceback."""
+    flags = ["--prompt-ids", *data.draw(st.lists(st.sampled_from(sorted(VALUES)), max_size=5))]
+    argv = ["generate", "--model", str(model_dir)]
+    for flag in flags:
+        argv += [flag, data.draw(VALUES[flag]).replace("MODEL", str(model_dir))]
+    status = cli.main(argv)
+    event(f"status {status}")
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    if status == 0:
+        assert "->" in captured.out and lines == [], lines
+    else:
+        assert status == 2 and len(lines) == 1 and lines[0].startswith("ddtree-run: error: "), (status, lines)
