@@ -52,10 +52,14 @@ def _fails(capsys: pytest.CaptureFixture[str], argv: list[str], *needles: str, s
     return lines[0]
 
 
+def _streams(out: str) -> list[list[int]]:
+    """The tokens of each stream that generate printed ('[i] prompt [...] -> [tokens]')."""
+    return [json.loads(line.split("->", 1)[1]) for line in out.splitlines() if "->" in line]
+
+
 def _tokens(capsys: pytest.CaptureFixture[str], argv: list[str]) -> list[list[int]]:
     assert cli.main(argv) == 0, capsys.readouterr().err
-    out = capsys.readouterr().out
-    return [json.loads(line.split("->", 1)[1]) for line in out.splitlines() if "->" in line]
+    return _streams(capsys.readouterr().out)
 
 
 def _generate(model_dir: Path, *args: str) -> list[str]:
@@ -123,11 +127,9 @@ def test_unknown_extra_tensor_is_a_one_line_warning(capsys, model_dir, model_cop
     _edit_tensors(model_copy, lambda t: {**t, "model.rotary_emb.inv_freq": np.zeros(8, np.float32)})
     assert cli.main(_generate(model_copy, "--prompt-ids", PROMPT, "-n", "3")) == 0
     captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("ddtree-run: warning:"), lines
-    assert "ignoring 1 tensor(s) this model does not use: 'model.rotary_emb.inv_freq'" in lines[0]
-    assert _tokens(capsys, _generate(model_dir, "--prompt-ids", PROMPT, "-n", "3"))[0] in \
-        [json.loads(line.split("->", 1)[1]) for line in captured.out.splitlines() if "->" in line]
+    assert captured.err.splitlines() == [f"ddtree-run: warning: {model_copy}: ignoring 1 tensor(s) this model does "
+                                         f"not use: 'model.rotary_emb.inv_freq'"]
+    assert _streams(captured.out) == _tokens(capsys, _generate(model_dir, "--prompt-ids", PROMPT, "-n", "3"))
 
 
 def test_nan_norm_weights_name_the_stream_and_position(capsys, model_copy) -> None:
