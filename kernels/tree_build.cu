@@ -2,10 +2,11 @@
 // yet popped entry); each pop takes the frontier's best entry by the heap's own total order (score descending, then
 // rank tuple ascending), so the pops, and with them the node numbering, are the reference's. The frontier's slots
 // are dealt round-robin to the 32 lanes and live in their registers (kSlots per lane, a compile-time count chosen
-// from the budget); each lane keeps the best of its slots, and a pop is a warp arg-max over those: two redux.sync
-// steps over an order-preserving 64-bit key of the score, then the rank tuple among the (rare) lanes of exactly
-// equal score. A pop is a short chain of warp operations, with no shared-memory round trip on the path from one
-// pop to the next (each lane fetches its best entry's successor log-probs ahead of time). The nodes' parents, ranks
+// from the budget); each lane keeps the best of its slots, and a pop is a warp arg-max over those: a redux.sync
+// over the high half of an order-preserving 64-bit key of the score (a second over the low half when lanes share
+// the high one), then the rank tuple among the (rare) lanes of exactly equal score. A pop is a short chain of warp
+// operations, with no shared-memory round trip on the path from one pop to the next (each lane fetches its best
+// entry's successor log-probs ahead of time). The nodes' parents, ranks
 // and links go to shared memory as they are popped; after the last pop all threads derive the ancestor rows and
 // write the tree's arrays from there.
 #include <atomic>
@@ -62,7 +63,7 @@ struct BuildLayout {
 struct BuildSmem {
     float* lp;          // [L, top_k]
     int32_t* ids;       // [L, top_k]
-    int16_t* anc;       // [rows, kAncestorStride]: ancestor at each depth 0..depth, the node itself last (after the pops)
+    int16_t* anc;       // [rows, kAncestorStride]: ancestors at depths 0..depth (the node last), after the pops
     int16_t* parent;    // [rows]
     int16_t* rank;      // [rows]
     int16_t* first;     // [rows] first child
