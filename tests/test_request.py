@@ -111,8 +111,8 @@ class PeakedDrafter:
     def __init__(self, inner: ReferenceDrafter) -> None:
         self.inner, self.config = inner, inner.config
 
-    def new_cache(self):
-        return self.inner.new_cache()
+    def new_cache(self, window=None):
+        return self.inner.new_cache(window)
 
     def draft(self, cache, context, bonus_token, start):
         logits = self.inner.draft(cache, context, bonus_token, start)

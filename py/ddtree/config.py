@@ -191,7 +191,7 @@ class Fields:
         self.where = where
 
     def fail(self, key: str, why: str) -> ConfigError:
-        return ConfigError(f"{self.where}: field '{key}' {why}")
+        return ConfigError(f"{self.where}: field '{printable(key)}' {why}")
 
     def get(self, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
         if key not in self.data or self.data[key] is None:
