@@ -185,16 +185,18 @@ def _weight_map(index_path: Path) -> dict[str, str]:
 class Checkpoint(Mapping[str, np.ndarray]):
     """A validated, memory-mapped checkpoint: a read-only mapping from tensor name to numpy view.
 
-    `specs` defaults to the target model's tensors of `cfg`; a drafter passes its own.
+    `specs` defaults to the target model's tensors of `cfg`; a drafter passes its own, as (name, spec) pairs that
+    are read lazily, so a config declaring absurdly many layers fails at the first missing tensor instead of first
+    listing them all.
     """
 
     def __init__(self, model_dir: str | Path, cfg: ModelConfig,
-                 specs: Mapping[str, TensorSpec] | None = None) -> None:
+                 specs: Iterable[tuple[str, TensorSpec]] | None = None) -> None:
         self.dir = Path(model_dir)
         self.config = cfg
         self._maps: dict[Path, np.memmap] = {}
         self._entries = self._index()
-        self._specs = self._validate(iter_expected_tensors(cfg) if specs is None else specs.items())
+        self._specs = self._validate(iter_expected_tensors(cfg) if specs is None else specs)
         self._check_extras(unused_by(cfg) if specs is None else lambda name: False)
 
     def _index(self) -> dict[str, _Entry]:
