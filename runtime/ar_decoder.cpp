@@ -25,6 +25,19 @@ std::vector<int32_t> probe_ids(int n, int vocab) {
 
 }  // namespace
 
+void check_generation_length(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
+                             int max_context) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        if (max_new_tokens < 1 || static_cast<int64_t>(prompts[i].size()) + max_new_tokens > max_context) {
+            throw std::invalid_argument("max_new_tokens: prompt " + std::to_string(i) + " of " +
+                                        std::to_string(prompts[i].size()) + " tokens + " +
+                                        std::to_string(max_new_tokens) +
+                                        " new tokens must be at least 1 new token and at most max_context " +
+                                        std::to_string(max_context));
+        }
+    }
+}
+
 DecodeState DecodeState::lay_out(int streams, int max_context, DeviceArena& arena) {
     DecodeState s;
     s.rows = RowBatch::lay_out(streams, 1, arena);
@@ -134,16 +147,7 @@ cudaGraphExec_t ArDecoder::decode_graph(int n, int span) {
 
 Generation ArDecoder::generate(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
                                float temperature, uint64_t seed) {
-    for (size_t i = 0; i < prompts.size(); ++i) {
-        if (max_new_tokens < 1 ||
-            static_cast<int64_t>(prompts[i].size()) + max_new_tokens > cache_.max_context()) {
-            throw std::invalid_argument("max_new_tokens: prompt " + std::to_string(i) + " of " +
-                                        std::to_string(prompts[i].size()) + " tokens + " +
-                                        std::to_string(max_new_tokens) +
-                                        " new tokens must be at least 1 new token and at most max_context " +
-                                        std::to_string(cache_.max_context()));
-        }
-    }
+    check_generation_length(prompts, max_new_tokens, cache_.max_context());
     cudaStream_t s = model_.stream();
     PhaseClock clock(s);  // start, prefilled, decoded
     prefill_to_history(prompts, temperature, seed);

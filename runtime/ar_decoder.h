@@ -17,6 +17,10 @@
 
 namespace ddtree {
 
+// The one rule for how long a generation may be: every prompt + max_new_tokens within max_context, and at least
+// one new token (std::invalid_argument naming max_new_tokens otherwise).
+void check_generation_length(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens, int max_context);
+
 // The device state of decoding: one row per stream, whose logit rows are its stream rows (keyed by the live
 // positions, which advance_decode moves between replays), and each stream's history of max_context tokens.
 struct DecodeState {

@@ -129,15 +129,7 @@ TreeGeneration DdtreeRound::generate_oracle(const std::vector<std::vector<int32_
                                         std::to_string(state_.history_ld));
         }
     }
-    for (size_t i = 0; i < prompts.size(); ++i) {
-        if (max_new_tokens < 1 || static_cast<int64_t>(prompts[i].size()) + max_new_tokens > cache_.max_context()) {
-            throw std::invalid_argument("max_new_tokens: prompt " + std::to_string(i) + " of " +
-                                        std::to_string(prompts[i].size()) + " tokens + " +
-                                        std::to_string(max_new_tokens) +
-                                        " new tokens must be at least 1 new token and at most max_context " +
-                                        std::to_string(cache_.max_context()));
-        }
-    }
+    check_generation_length(prompts, max_new_tokens, cache_.max_context());
     cudaStream_t s = model_.stream();
     PhaseClock clock(s);  // start, prefilled, decoded
     const int32_t* first = decoder_.prefill_first_tokens(prompts, temperature, seed);
