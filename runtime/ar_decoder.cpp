@@ -23,25 +23,20 @@ std::vector<int32_t> probe_ids(int n, int vocab) {
     return ids;
 }
 
-// The three points between which generate's phases are timed.
-struct PhaseEvents {
-    cudaEvent_t start = nullptr, prefilled = nullptr, decoded = nullptr;
-    PhaseEvents() {
-        for (cudaEvent_t* e : {&start, &prefilled, &decoded}) CUDA_CHECK(cudaEventCreate(e));
-    }
-    ~PhaseEvents() {
-        for (cudaEvent_t e : {start, prefilled, decoded}) cudaEventDestroy(e);
-    }
-    PhaseEvents(const PhaseEvents&) = delete;
-    PhaseEvents& operator=(const PhaseEvents&) = delete;
-    static double seconds(cudaEvent_t from, cudaEvent_t to) {
-        float ms = 0.f;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, from, to));
-        return ms * 1e-3;
-    }
-};
-
 }  // namespace
+
+void check_generation_length(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
+                             int max_context) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        if (max_new_tokens < 1 || static_cast<int64_t>(prompts[i].size()) + max_new_tokens > max_context) {
+            throw std::invalid_argument("max_new_tokens: prompt " + std::to_string(i) + " of " +
+                                        std::to_string(prompts[i].size()) + " tokens + " +
+                                        std::to_string(max_new_tokens) +
+                                        " new tokens must be at least 1 new token and at most max_context " +
+                                        std::to_string(max_context));
+        }
+    }
+}
 
 DecodeState DecodeState::lay_out(int streams, int max_context, DeviceArena& arena) {
     DecodeState s;
@@ -152,21 +147,11 @@ cudaGraphExec_t ArDecoder::decode_graph(int n, int span) {
 
 Generation ArDecoder::generate(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
                                float temperature, uint64_t seed) {
-    for (size_t i = 0; i < prompts.size(); ++i) {
-        if (max_new_tokens < 1 ||
-            static_cast<int64_t>(prompts[i].size()) + max_new_tokens > cache_.max_context()) {
-            throw std::invalid_argument("max_new_tokens: prompt " + std::to_string(i) + " of " +
-                                        std::to_string(prompts[i].size()) + " tokens + " +
-                                        std::to_string(max_new_tokens) +
-                                        " new tokens must be at least 1 new token and at most max_context " +
-                                        std::to_string(cache_.max_context()));
-        }
-    }
+    check_generation_length(prompts, max_new_tokens, cache_.max_context());
     cudaStream_t s = model_.stream();
-    PhaseEvents events;
-    CUDA_CHECK(cudaEventRecord(events.start, s));
+    PhaseClock clock(s);  // start, prefilled, decoded
     prefill_to_history(prompts, temperature, seed);
-    CUDA_CHECK(cudaEventRecord(events.prefilled, s));
+    clock.mark();
     const int n = static_cast<int>(prompts.size());
     std::vector<int32_t> lengths(n);
     for (int i = 0; i < n; ++i) lengths[i] = static_cast<int32_t>(prompts[i].size());
@@ -180,7 +165,7 @@ Generation ArDecoder::generate(const std::vector<std::vector<int32_t>>& prompts,
     // The device only writes the history: only the columns this call filled come back.
     const size_t pitch = static_cast<size_t>(cache_.max_context()) * sizeof(int32_t);
     const size_t filled = static_cast<size_t>(max_new_tokens) * sizeof(int32_t);
-    CUDA_CHECK(cudaEventRecord(events.decoded, s));
+    clock.mark();
     std::vector<int32_t> history(static_cast<size_t>(n) * max_new_tokens);
     CUDA_CHECK(cudaMemcpy2DAsync(history.data(), filled, state_.history, pitch, filled, n, cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
@@ -190,8 +175,8 @@ Generation ArDecoder::generate(const std::vector<std::vector<int32_t>>& prompts,
         out.tokens[i].assign(history.begin() + static_cast<size_t>(i) * max_new_tokens,
                              history.begin() + static_cast<size_t>(i + 1) * max_new_tokens);
     }
-    out.prefill_seconds = events.seconds(events.start, events.prefilled);
-    out.decode_seconds = events.seconds(events.prefilled, events.decoded);
+    out.prefill_seconds = clock.seconds(0, 1);
+    out.decode_seconds = clock.seconds(1, 2);
     return out;
 }
 

@@ -17,6 +17,10 @@
 
 namespace ddtree {
 
+// The one rule for how long a generation may be: every prompt + max_new_tokens within max_context, and at least
+// one new token (std::invalid_argument naming max_new_tokens otherwise).
+void check_generation_length(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens, int max_context);
+
 // The device state of decoding: one row per stream, whose logit rows are its stream rows (keyed by the live
 // positions, which advance_decode moves between replays), and each stream's history of max_context tokens.
 struct DecodeState {
@@ -43,6 +47,15 @@ class ArDecoder {
     // Prefill, then max_new_tokens - 1 replayed decode steps. The first tokens stay on the device between the two.
     Generation generate(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens, float temperature,
                         uint64_t seed);
+
+    // Prefills the prompts (checked) and leaves each stream's first token in column 0 of the device history, whose
+    // rows are history_ld() apart (the DDTree round starts from there).
+    const int32_t* prefill_first_tokens(const std::vector<std::vector<int32_t>>& prompts, float temperature,
+                                        uint64_t seed) {
+        prefill_to_history(prompts, temperature, seed);
+        return state_.history;
+    }
+    int history_ld() const { return cache_.max_context(); }
 
     // Benchmark support: replays the decode graph of n streams at `positions` `iters` times; returns {device
     // seconds per step, host seconds per graph launch}.

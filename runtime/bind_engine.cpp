@@ -152,6 +152,25 @@ void bind_engine(nb::module_& m) {
             "fp32 logits [nodes, vocab] (trees in order, root first), bf16 bits [nodes, taps * hidden] of the "
             "residual stream after each of tap_layers, and (with_routing) int32 [moe layers, nodes, topk] experts.")
         .def(
+            "generate_oracle",
+            [](Engine& e, const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens, float temperature,
+               uint64_t seed, const std::vector<std::vector<int32_t>>& reference, const std::vector<float>& hit,
+               uint64_t oracle_seed, int budget, int depth_limit, int width) {
+                TreeGeneration g;
+                {
+                    nb::gil_scoped_release release;
+                    g = e.generate_oracle(prompts, max_new_tokens, temperature, seed,
+                                          OracleRequest{reference, hit, oracle_seed}, budget, depth_limit, width);
+                }
+                return nb::make_tuple(g.tokens, g.accept_lengths, g.rounds, g.prefill_seconds, g.decode_seconds);
+            },
+            nb::arg("prompts"), nb::arg("max_new_tokens"), nb::arg("temperature"), nb::arg("seed"),
+            nb::arg("reference"), nb::arg("hit"), nb::arg("oracle_seed"), nb::arg("budget"), nb::arg("depth_limit"),
+            nb::arg("width"),
+            "DDTree generation on the GPU whose draft candidates come from an oracle (tests and benchmarks only): "
+            "at depth d the stream's `reference` continuation is a candidate with probability hit[d - 1]. Returns "
+            "(tokens [prompts][max_new_tokens], accept lengths per round, rounds, prefill s, decode s).")
+        .def(
             "profile_verify",
             [](Engine& e, const std::vector<int32_t>& streams, const std::vector<int32_t>& starts,
                const std::vector<std::vector<int32_t>>& tokens, const std::vector<std::vector<int32_t>>& parents,
@@ -193,7 +212,7 @@ void bind_engine(nb::module_& m) {
              nb::arg("temperature") = 1.0f, nb::arg("seed") = 1, nb::call_guard<nb::gil_scoped_release>(),
              "Device seconds per operation of one eager decode step, the sampler at `temperature`.");
 
-    m.attr("MAX_BUDGET") = kMaxTreeBudget;
+    m.attr("MAX_BUDGET") = kernels::kTreeMaxBudget;
 
     nb::module_ kernels = nb::borrow<nb::module_>(m.attr("kernels"));
     bind_engine_kernels(kernels);

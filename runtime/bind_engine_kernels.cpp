@@ -4,6 +4,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 
@@ -16,6 +17,7 @@
 #include "rope.cuh"
 #include "router.cuh"
 #include "sample.cuh"
+#include "topk.cuh"
 #include "tensor_args.h"
 
 namespace nb = nanobind;
@@ -151,6 +153,20 @@ void mla_attention(CudaArray out, CudaArray q, CudaArray cache, CudaArray kv_sta
                                 softmax_scale, ws, kernel_launch_stream(), tree));
 }
 
+void topk_log_softmax(CudaArray log_probs, CudaArray ids, CudaArray logits) {
+    same_device({&log_probs, &ids, &logits});
+    const int rows = dim(logits, "logits", 0), vocab = dim(logits, "logits", 1), top = dim(log_probs, "log_probs", 1);
+    if (top < 1 || top > std::min(vocab, k::kTopkMax)) {
+        throw nb::value_error(("argument 'log_probs' must be [rows, k] with 1 <= k <= min(vocab, " +
+                               std::to_string(k::kTopkMax) + ")")
+                                  .c_str());
+    }
+    CUDA_CHECK(k::topk_log_softmax(checked<float>(log_probs, "log_probs", DType::f32, {rows, top}),
+                                   checked<int32_t>(ids, "ids", DType::i32, {rows, top}),
+                                   checked<const float>(logits, "logits", DType::f32, {rows, vocab}), vocab, rows,
+                                   vocab, top, kernel_launch_stream()));
+}
+
 void route_topk(CudaArray ids, CudaArray weights, CudaArray logits, CudaArray bias, bool normalize) {
     same_device({&ids, &weights, &logits, &bias});
     const int tokens = dim(logits, "logits", 0), experts = dim(logits, "logits", 1), topk = dim(ids, "ids", 1);
@@ -225,6 +241,9 @@ void bind_engine_kernels(nb::module_& kernels) {
             return k::mla_workspace_floats({heads, kv_lora, rope}, rows, max_len);
         },
         nb::arg("heads"), nb::arg("kv_lora"), nb::arg("rope"), nb::arg("rows"), nb::arg("max_len"));
+    kernels.def("topk_log_softmax", &topk_log_softmax, nb::arg("log_probs"), nb::arg("ids"), nb::arg("logits"),
+                "Per-row top-k of log-softmax(logits): fp32 log-probs [rows, k] sorted descending (ties to the lower "
+                "id) and their int32 token ids.");
     kernels.def("route_topk", &route_topk, nb::arg("ids"), nb::arg("weights"), nb::arg("logits"), nb::arg("bias"),
                 nb::arg("normalize"));
     kernels.def("sample_tokens", &sample_tokens, nb::arg("tokens"), nb::arg("logits"), nb::arg("temperature"),

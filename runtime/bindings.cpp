@@ -29,5 +29,6 @@ NB_MODULE(_native, m) {
     ddtree::bind_kernels(m);
     ddtree::bind_moe(m);
     ddtree::bind_engine(m);
+    ddtree::bind_tree(m);
     ddtree::bind_drafter(m);
 }

@@ -12,6 +12,7 @@ cudaStream_t& kernel_launch_stream();
 void bind_kernels(nanobind::module_& m);
 void bind_moe(nanobind::module_& m);
 void bind_engine(nanobind::module_& m);  // after bind_kernels: adds to its submodule
+void bind_tree(nanobind::module_& m);    // after bind_kernels: adds to its submodule
 void bind_drafter(nanobind::module_& m);  // after bind_engine: a drafter is built beside an Engine
 
 }  // namespace ddtree

@@ -27,6 +27,9 @@ std::string gib(size_t bytes) {
     return text;
 }
 
+// A stream's round history: max_context tokens, and room for a last round's tokens past the end.
+int round_history(int max_context) { return max_context + k::kTreeMaxDepth + 1; }
+
 int forward_rows(int streams, int max_budget) {
     return static_cast<int>(std::max<int64_t>(static_cast<int64_t>(streams) * (max_budget + 1),
                                               ArDecoder::kPrefillRows));
@@ -58,8 +61,8 @@ size_t Engine::preflight(const ModelDims& dims, const RopeTable& rope, int strea
     if (max_context < 1) {
         throw std::invalid_argument("max_context must be >= 1, got " + std::to_string(max_context));
     }
-    if (max_budget < 0 || max_budget > kMaxTreeBudget) {
-        throw std::invalid_argument("budget must be in 0.." + std::to_string(kMaxTreeBudget) + ", got " +
+    if (max_budget < 0 || max_budget > k::kTreeMaxBudget) {
+        throw std::invalid_argument("budget must be in 0.." + std::to_string(k::kTreeMaxBudget) + ", got " +
                                     std::to_string(max_budget));
     }
     if (!k::mla_dims_supported(dims.kv_lora, dims.rope)) {
@@ -101,6 +104,7 @@ size_t Engine::preflight(const ModelDims& dims, const RopeTable& rope, int strea
     TargetModel::Scratch::lay_out(dims, rows, cache.stream_rows(), plan);
     RowBatch::lay_out(rows, max_budget + 1, plan);
     DecodeState::lay_out(streams, max_context, plan);
+    DdtreeRound::State::lay_out(streams, max_budget, round_history(max_context), plan);
     const size_t scratch = plan.bytes() - kv;
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -124,7 +128,9 @@ Engine::Engine(const ModelDims& dims, const RopeTable& rope, int streams, int ma
       cache_(dims, streams, max_context, max_budget + 1, arena_),
       model_(dims, rope, cache_, max_rows_, device, arena_),
       eager_rows_(RowBatch::lay_out(max_rows_, max_budget + 1, arena_)),
-      decoder_(model_, cache_, eager_rows_, DecodeState::lay_out(streams, max_context, arena_)) {}
+      decoder_(model_, cache_, eager_rows_, DecodeState::lay_out(streams, max_context, arena_)),
+      round_(model_, cache_, decoder_, max_budget,
+             DdtreeRound::State::lay_out(streams, max_budget, round_history(max_context), arena_)) {}
 
 void Engine::check_weights() {
     CUDA_CHECK(cudaSetDevice(device_));
@@ -286,6 +292,13 @@ StepProfile Engine::profile_verify(const std::vector<VerifyTree>& trees, int ite
     StepProfile out;
     for (auto& [name, sec] : seconds) out.emplace_back(name, sec / iters);
     return out;
+}
+
+TreeGeneration Engine::generate_oracle(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
+                                       float temperature, uint64_t seed, const OracleRequest& oracle, int budget,
+                                       int depth_limit, int width) {
+    check_weights();
+    return round_.generate_oracle(prompts, max_new_tokens, temperature, seed, oracle, budget, depth_limit, width);
 }
 
 void Engine::randomize_cache(uint64_t seed) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ar_decoder.h"
+#include "ddtree_round.h"
 #include "device_arena.h"
 #include "engine_weights.h"
 #include "latent_cache.h"
@@ -17,11 +18,9 @@
 #include "op_timeline.h"
 #include "row_batch.h"
 #include "target_model.h"
+#include "tree_layout.cuh"
 
 namespace ddtree {
-
-// The largest tree budget (drafted nodes per stream and round) an engine can be created for.
-constexpr int kMaxTreeBudget = 1024;
 
 // One stream's verify tree: the root (the bonus token, node 0) and its drafted nodes, parents[i] < i.
 struct VerifyTree {
@@ -69,8 +68,13 @@ class Engine {
     // residual stream after each of tap_layers for every node, and with `routing` the experts each MoE layer chose.
     // Node KV rows go to the streams' tree slots.
     VerifyOutput verify(const std::vector<VerifyTree>& trees, const std::vector<int>& tap_layers, bool routing);
-    // Device time per operation of that verify forward (eager, one launch at a time), the mean of `iters` after a warm-up.
+    // Device time per operation of that verify forward (eager, one launch at a time), the mean of `iters` passes
+    // after a warm-up.
     StepProfile profile_verify(const std::vector<VerifyTree>& trees, int iters);
+    // DDTree generation on the GPU with oracle draft candidates (tests and benchmarks; see DdtreeRound).
+    TreeGeneration generate_oracle(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
+                                   float temperature, uint64_t seed, const OracleRequest& oracle, int budget,
+                                   int depth_limit, int width);
 
     // Benchmark support: random cache contents; decode timing (ArDecoder).
     void randomize_cache(uint64_t seed);
@@ -96,6 +100,7 @@ class Engine {
     TargetModel model_;
     RowBatch eager_rows_;
     ArDecoder decoder_;
+    DdtreeRound round_;
 };
 
 }  // namespace ddtree

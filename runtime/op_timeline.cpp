@@ -20,6 +20,24 @@ OpTimeline::~OpTimeline() {
     }
 }
 
+PhaseClock::~PhaseClock() {
+    for (cudaEvent_t e : points_) cudaEventDestroy(e);
+}
+
+void PhaseClock::mark() {
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreate(&e));
+    points_.push_back(e);
+    CUDA_CHECK(cudaEventRecord(e, stream_));
+}
+
+double PhaseClock::seconds(int from, int to) const {
+    CUDA_CHECK(cudaEventSynchronize(points_.at(to)));
+    float ms = 0.f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, points_.at(from), points_.at(to)));
+    return ms * 1e-3;
+}
+
 void OpTimeline::accumulate(std::map<std::string, double>& seconds) const {
     for (const auto& [name, start, stop] : events_) {
         float ms = 0.f;

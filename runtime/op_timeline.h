@@ -41,6 +41,22 @@ class OpTimeline {
     std::vector<std::tuple<std::string, cudaEvent_t, cudaEvent_t>> events_;
 };
 
+// Device time between points of a stream's work: CUDA events recorded at construction (point 0) and at each mark().
+class PhaseClock {
+  public:
+    explicit PhaseClock(cudaStream_t stream) : stream_(stream) { mark(); }
+    ~PhaseClock();
+    PhaseClock(const PhaseClock&) = delete;
+    PhaseClock& operator=(const PhaseClock&) = delete;
+    void mark();
+    // Seconds from point `from` to point `to` (both recorded; waits for the later one).
+    double seconds(int from, int to) const;
+
+  private:
+    cudaStream_t stream_;
+    std::vector<cudaEvent_t> points_;
+};
+
 // Holds `stream` for a while on the host, so everything enqueued behind it runs back to back on the device: the
 // per-operation times then measure the device, not the host's launch rate.
 void hold_stream_for_timing(cudaStream_t stream);

@@ -22,15 +22,15 @@ RowBatch RowBatch::lay_out(int capacity, int key_stride, DeviceArena& arena) {
     int32_t* tables = arena.take<int32_t>(static_cast<size_t>(kRowTables) * capacity);
     b.key_nodes = arena.take<int32_t>(static_cast<size_t>(capacity) * key_stride);
     if (tables == nullptr) return b;  // counted only
-    int32_t** fields[kRowTables] = {&b.ids,       &b.positions, &b.kv_start,   &b.kv_len,           &b.slots,
-                                    &b.stream_ids, &b.key_start, &b.logit_rows, &b.logit_stream_ids, &b.logit_positions};
+    int32_t** fields[kRowTables] = {&b.ids,        &b.positions, &b.kv_start,         &b.kv_len,
+                                    &b.slots,      &b.stream_ids, &b.key_start,       &b.logit_rows,
+                                    &b.logit_stream_ids, &b.logit_positions};
     for (int t = 0; t < kRowTables; ++t) *fields[t] = tables + static_cast<size_t>(t) * capacity;
     return b;
 }
 
 RowBatchBuilder::RowBatchBuilder(int capacity, int key_stride)
-    : capacity_(capacity), key_stride_(key_stride), host_(static_cast<size_t>(RowBatch::kRowTables) * capacity, 0),
-      key_nodes_(static_cast<size_t>(capacity) * key_stride, 0) {}
+    : capacity_(capacity), key_stride_(key_stride), host_(static_cast<size_t>(RowBatch::kRowTables) * capacity, 0) {}
 
 int RowBatchBuilder::add(int32_t id, int32_t stream, int32_t stream_base, int32_t position, int32_t slot,
                          int32_t key_start, bool logits) {
@@ -66,15 +66,22 @@ void RowBatchBuilder::add_tree_row(int32_t id, int32_t stream, int32_t stream_ba
                                     std::to_string(key_stride_ - 1));
     }
     const int r = add(id, stream, stream_base, start + depth, stream_base + start + node, start, logits);
+    key_nodes_.resize(static_cast<size_t>(r + 1) * key_stride_, 0);
     std::copy(path, path + depth + 1, key_nodes_.begin() + static_cast<size_t>(r) * key_stride_);
 }
 
 void RowBatchBuilder::upload(const RowBatch& device, cudaStream_t stream) const {
-    CUDA_CHECK(cudaMemcpyAsync(device.ids, host_.data(), host_.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
-                               stream));
-    CUDA_CHECK(cudaMemcpyAsync(device.key_nodes, key_nodes_.data(),
-                               static_cast<size_t>(rows_) * key_stride_ * sizeof(int32_t), cudaMemcpyHostToDevice,
-                               stream));
+    if (device.capacity != capacity_ || device.key_stride != key_stride_) {
+        throw std::logic_error("a row batch is uploaded into device tables of another shape");
+    }
+    if (rows_ == 0) return;
+    const size_t pitch = static_cast<size_t>(capacity_) * sizeof(int32_t);  // the device tables' too
+    CUDA_CHECK(cudaMemcpy2DAsync(device.ids, pitch, host_.data(), pitch, rows_ * sizeof(int32_t), RowBatch::kRowTables,
+                                 cudaMemcpyHostToDevice, stream));
+    if (!key_nodes_.empty()) {
+        CUDA_CHECK(cudaMemcpyAsync(device.key_nodes, key_nodes_.data(), key_nodes_.size() * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream));
+    }
     // The host tables are the builder's: the copies must land before it is reused or destroyed.
     CUDA_CHECK(cudaStreamSynchronize(stream));
 }

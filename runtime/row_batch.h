@@ -32,8 +32,8 @@ struct RowBatch {
     static RowBatch lay_out(int capacity, int key_stride, DeviceArena& arena);
 };
 
-// Host mirror of a RowBatch, filled row by row and uploaded in two copies (the row tables and the used rows of
-// the key indirection).
+// Host mirror of a RowBatch, filled row by row and uploaded in two copies: the used rows of every table, and the
+// key indirection of the rows up to the last tree row (it grows with them: a batch of plain rows has none).
 class RowBatchBuilder {
   public:
     RowBatchBuilder(int capacity, int key_stride);

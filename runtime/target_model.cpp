@@ -220,8 +220,10 @@ void TargetModel::forward(const RowBatch& rows, int n, int n_logits, int span, c
             CUDA_CHECK(k::mla_store_kv(cache, rows.slots, s_.qkv + d.q_lora, d.qkv_a(), lw.kv_a_norm, d.lora_eps,
                                        d.kv_lora, rows.positions, n, rope, s));
         });
-        gemm("q_b", s_.qn, d.q_lora, lw.q_b, s_.q, d.heads * d.qk(), n, d.heads * d.qk(), d.q_lora, k::GemmEpilogue::kBf16);
-        gemm("kv_b_absorb_k", s_.q, d.heads * d.qk(), lw.w_uk_t, s_.q_abs, d.heads * d.latent_row(), n, d.kv_lora, d.nope,
+        gemm("q_b", s_.qn, d.q_lora, lw.q_b, s_.q, d.heads * d.qk(), n, d.heads * d.qk(), d.q_lora,
+             k::GemmEpilogue::kBf16);
+        gemm("kv_b_absorb_k", s_.q, d.heads * d.qk(), lw.w_uk_t, s_.q_abs, d.heads * d.latent_row(), n, d.kv_lora,
+             d.nope,
              k::GemmEpilogue::kBf16,
              {d.heads, d.qk(), static_cast<int64_t>(d.kv_lora) * d.nope, d.latent_row()});
         op("rope_q", [&] {
@@ -232,7 +234,8 @@ void TargetModel::forward(const RowBatch& rows, int n, int n_logits, int span, c
             CUDA_CHECK(k::mla_attention(s_.o_lat, s_.q_abs, cache, cache_.layer_rows(), rows.kv_start, rows.kv_len, n,
                                         span, mla, d.softmax_scale, s_.attn_ws, s, tree_keys));
         });
-        gemm("kv_b_absorb_v", s_.o_lat, d.heads * d.kv_lora, lw.kv_b + static_cast<size_t>(d.nope) * d.kv_lora, s_.v_out,
+        gemm("kv_b_absorb_v", s_.o_lat, d.heads * d.kv_lora, lw.kv_b + static_cast<size_t>(d.nope) * d.kv_lora,
+             s_.v_out,
              d.heads * d.v, n, d.v, d.kv_lora, k::GemmEpilogue::kBf16,
              {d.heads, d.kv_lora, static_cast<int64_t>(d.nope + d.v) * d.kv_lora, d.v});
         gemm("o_proj", s_.v_out, d.heads * d.v, lw.o_proj, s_.delta, d.hidden, n, d.hidden, d.heads * d.v,
@@ -243,7 +246,8 @@ void TargetModel::forward(const RowBatch& rows, int n, int n_logits, int span, c
         if (!d.is_moe(l)) {
             gemm("mlp_gate_up", s_.xn, d.hidden, lw.gate_up, s_.act, d.inter, n, 2 * d.inter, d.hidden,
                  k::GemmEpilogue::kSiluMul);
-            gemm("mlp_down", s_.act, d.inter, lw.down, s_.delta, d.hidden, n, d.hidden, d.inter, k::GemmEpilogue::kBf16);
+            gemm("mlp_down", s_.act, d.inter, lw.down, s_.delta, d.hidden, n, d.hidden, d.inter,
+                 k::GemmEpilogue::kBf16);
             pending = s_.delta;
             pending2 = nullptr;
             continue;
@@ -257,7 +261,8 @@ void TargetModel::forward(const RowBatch& rows, int n, int n_logits, int span, c
         gemm_on(shared_lane, "shared_down", s_.act, d.shared_inter, lw.down, s_.delta, d.hidden, n, d.hidden,
                 d.shared_inter, k::GemmEpilogue::kBf16);
         op("router", [&] {
-            CUDA_CHECK(k::route_topk(s_.topk_ids, s_.topk_weights, s_.router_logits, lw.router_bias, n, d.experts, d.topk,
+            CUDA_CHECK(k::route_topk(s_.topk_ids, s_.topk_weights, s_.router_logits, lw.router_bias, n, d.experts,
+                                     d.topk,
                                      d.norm_topk_prob, s));
         });
         if (outputs.capture_routing) {
@@ -269,7 +274,8 @@ void TargetModel::forward(const RowBatch& rows, int n, int n_logits, int span, c
             if (lw.marlin) {
                 lw.marlin->forward(s_.xn, s_.topk_ids, s_.topk_weights, nullptr, s_.delta2, n, s);
             } else {
-                CUDA_CHECK(k::experts_int4_forward(s_.delta2, s_.expert_act, s_.xn, s_.topk_ids, s_.topk_weights, n, d.topk,
+                CUDA_CHECK(k::experts_int4_forward(s_.delta2, s_.expert_act, s_.xn, s_.topk_ids, s_.topk_weights, n,
+                                                   d.topk,
                                                    d.routed_scaling_factor, lw.plain, s));
             }
         });
@@ -289,7 +295,8 @@ void TargetModel::forward(const RowBatch& rows, int n, int n_logits, int span, c
         });
         head_in = s_.hsel;
     }
-    gemm("lm_head", head_in, d.hidden, w.lm_head, s_.logits, d.vocab, n_logits, d.vocab, d.hidden, k::GemmEpilogue::kF32);
+    gemm("lm_head", head_in, d.hidden, w.lm_head, s_.logits, d.vocab, n_logits, d.vocab, d.hidden,
+         k::GemmEpilogue::kF32);
 }
 
 void TargetModel::sample(const RowBatch& rows, int n_logits) {

@@ -132,6 +132,19 @@ def test_truncated_drafter_tensor_is_named(tiny_model_dir: Path, tmp_path: Path)
         open_drafter(tmp_path, target)
 
 
+def test_absurd_layer_count_fails_at_the_first_missing_layer(tiny_model_dir: Path, tmp_path: Path):
+    """A config counting a billion layers is refused at once, naming the first layer the checkpoint lacks (the
+    expected tensors are checked one by one, never listed whole first)."""
+    target = load_config(tiny_model_dir)
+    cfg = make_drafter(target, tmp_path, seed=0, preset="tiny")
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["num_hidden_layers"] = 10**9
+    config.pop("layer_types", None)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=f"layers.{cfg.num_hidden_layers}.input_layernorm.weight"):
+        open_drafter(tmp_path, target)
+
+
 def test_k2_preset_size(tiny_model_dir: Path):
     k2_shaped = dataclasses.replace(load_config(tiny_model_dir), hidden_size=7168, vocab_size=163840,
                                     num_hidden_layers=61)

@@ -27,8 +27,9 @@ def test_valid_request_passes_through() -> None:
     ([[1], [2], [3]], {}, "3 prompts but the engine was created for 2 streams"),
     ([[1, 100]], {}, "prompt 0: token id 100 at position 1 is outside the vocabulary"),
     ([[1], [-1]], {}, "prompt 1: token id -1 at position 0"),
-    ([[]], {}, "prompt 0 must be a non-empty sequence"),
-    ([[1.5]], {}, "prompt 0 must be a non-empty sequence of integer"),
+    ([[]], {}, "prompt 0: token ids must be a non-empty 1-D sequence"),
+    ([[1.5]], {}, "prompt 0: token ids must be integers"),
+    ([[2**70]], {}, "prompt 0: token id 1180591620717411303424 at position 0 is outside the vocabulary"),
     ([[1] * 13], {}, "13 tokens \\+ 4 new tokens exceed max_context 16"),
     ([[1]], {"max_new_tokens": 0}, "max_new_tokens must be a positive integer"),
     ([[1]], {"temperature": -1.0}, "temperature must be finite and >= 0"),
@@ -59,7 +60,7 @@ def test_engine_rejects_bad_sizes(tmp_path: Path) -> None:
     with pytest.raises(RequestError, match="max_context 5000 exceeds the model's max_position_embeddings 1024"):
         ddtree.Engine(tmp_path, streams=1, max_context=5000)
     for budget in (-1, 1025, 2.0, True):
-        with pytest.raises(RequestError, match="budget must be an integer in 0..1024"):
+        with pytest.raises(RequestError, match="budget must be an integer in 0..1024"):  # ddtree.limits
             ddtree.Engine(tmp_path, streams=1, max_context=32, budget=budget)
 
 

@@ -3,11 +3,17 @@
 import ddtree
 import ddtree._native as native
 from ddtree._native import kernels
+from ddtree.limits import MAX_TREE_BUDGET
 
 
 def test_native_module_imports_without_gpu() -> None:
     assert native.cuda_runtime_version() >= 12000
     assert "90a" in native.gpu_archs.split(",")
+
+
+def test_runtime_and_python_share_the_tree_budget_limit() -> None:
+    """The runtime sizes its tree buffers by kTreeMaxBudget; the Python checks refuse by MAX_TREE_BUDGET."""
+    assert native.MAX_BUDGET == MAX_TREE_BUDGET
 
 
 def test_device_info_describes_itself() -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,32 +26,10 @@ from ddtree._native import kernels
 from ddtree.device import device_info
 from ddtree.presets import preset_config
 
-from cuda_timing import copy_bandwidth, event_seconds
+from cuda_timing import copy_bandwidth, event_seconds, median_ms
 
 L2_BYTES = 60 << 20
 ROWS = (1, 16, 64)
-
-
-def median_ms(fn, reps: int = 20, replays: int = 15) -> float:
-    """Device time of one call: `reps` calls captured back to back in a CUDA graph (so host launch cost never
-    shows), median over graph replays, divided by reps."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        kernels.use_stream(stream.cuda_stream)
-        try:
-            fn()
-            fn()
-            stream.synchronize()
-            with torch.cuda.graph(graph, stream=stream):
-                for _ in range(reps):
-                    fn()
-        finally:
-            kernels.use_stream(0)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph.replay()
-    return statistics.median(event_seconds(graph.replay, replays)) * 1e3 / reps
 
 
 def copies_for(nbytes: int) -> int:

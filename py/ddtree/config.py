@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddtree.errors import ConfigError
+from ddtree.errors import ConfigError, printable
 
 SUPPORTED_MODEL_TYPES = ("deepseek_v3", "kimi_k2")
 # HF transformers and DeepSeek's code build q_a_layernorm and kv_a_layernorm with the RMSNorm default eps,
@@ -73,6 +73,9 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     # Prefix of every text-model tensor name: "" for K2, "language_model." for multimodal K2.5+ checkpoints.
     weight_prefix: str = ""
+    # Multi-token-prediction layers stored after the decoder layers (DeepSeek-V3 ships one as layer 61); ddtree
+    # does not run them, and their tensors are expected in the checkpoint rather than flagged.
+    num_nextn_predict_layers: int = 0
 
     @property
     def qk_head_dim(self) -> int:
@@ -134,6 +137,7 @@ class ModelConfig:
             "attention_bias": False,
             "tie_word_embeddings": False,
             "max_position_embeddings": self.max_position_embeddings,
+            "num_nextn_predict_layers": self.num_nextn_predict_layers,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope.theta,
             "rope_scaling": rope_scaling,
@@ -187,7 +191,7 @@ class Fields:
         self.where = where
 
     def fail(self, key: str, why: str) -> ConfigError:
-        return ConfigError(f"{self.where}: field '{key}' {why}")
+        return ConfigError(f"{self.where}: field '{printable(key)}' {why}")
 
     def get(self, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
         if key not in self.data or self.data[key] is None:
@@ -201,6 +205,15 @@ class Fields:
             value = float(value)
         if not isinstance(value, kind):
             raise self.fail(key, f"must be {_kind_name(kind)}, got {value!r}")
+        # Python's json reads NaN, Infinity and overflowing literals such as 1e999; no field may be non-finite.
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.fail(key, f"must be a finite number, got {value!r}")
+        return value
+
+    def non_negative(self, key: str, default: Any = ...) -> int:
+        value = self.get(key, int, default)
+        if value < 0:
+            raise self.fail(key, f"must be a non-negative integer, got {value}")
         return value
 
     def positive(self, key: str, default: Any = ...) -> int:
@@ -291,8 +304,8 @@ def _parse_quantization(f: Fields) -> QuantConfig:
         raise q.fail("config_groups", f"has {len(groups)} groups; ddtree supports exactly one")
     name, group = next(iter(groups.items()))
     if not isinstance(group, dict):
-        raise q.fail(f"config_groups.{name}", "must be an object")
-    g = Fields(group, f"{q.where}: config_groups.{name}")
+        raise q.fail(f"config_groups.{printable(name)}", "must be an object")
+    g = Fields(group, f"{q.where}: config_groups.{printable(name)}")
     for key in ("input_activations", "output_activations"):
         if group.get(key) is not None:
             raise g.fail(key, "is set; ddtree supports weight-only quantization (W4A16)")
@@ -360,6 +373,9 @@ def parse_config(raw: dict[str, Any], where: str = "config.json") -> ModelConfig
     rope_dim = f.positive("qk_rope_head_dim")
     if rope_dim % 2:
         raise f.fail("qk_rope_head_dim", f"must be even, got {rope_dim}")
+    scaling = f.get("routed_scaling_factor", float, 1.0)
+    if scaling <= 0:
+        raise f.fail("routed_scaling_factor", f"must be positive, got {scaling}")
     eos = text.get("eos_token_id", raw.get("eos_token_id"))
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
     if not all(isinstance(e, int) and not isinstance(e, bool) for e in eos_ids):
@@ -379,9 +395,9 @@ def parse_config(raw: dict[str, Any], where: str = "config.json") -> ModelConfig
         qk_rope_head_dim=rope_dim,
         v_head_dim=f.positive("v_head_dim"),
         n_routed_experts=experts,
-        n_shared_experts=f.get("n_shared_experts", int, 0),
+        n_shared_experts=f.non_negative("n_shared_experts", 0),
         num_experts_per_tok=topk,
-        routed_scaling_factor=f.get("routed_scaling_factor", float, 1.0),
+        routed_scaling_factor=scaling,
         norm_topk_prob=f.get("norm_topk_prob", bool, True),
         first_k_dense_replace=first_dense,
         max_position_embeddings=f.positive("max_position_embeddings"),
@@ -392,6 +408,7 @@ def parse_config(raw: dict[str, Any], where: str = "config.json") -> ModelConfig
         bos_token_id=f.get("bos_token_id", int, None),
         eos_token_ids=eos_ids,
         weight_prefix=prefix,
+        num_nextn_predict_layers=f.non_negative("num_nextn_predict_layers", 0),
     )
 
 

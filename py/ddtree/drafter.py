@@ -11,7 +11,7 @@ unsupported option is rejected with the field named, so a drafter is never run u
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -232,16 +232,21 @@ def load_drafter_config(drafter_dir: str | Path, target: ModelConfig | None = No
 
 def drafter_tensor_specs(cfg: DrafterConfig) -> dict[str, TensorSpec]:
     """Every tensor a DFlash drafter checkpoint must hold (all bf16)."""
+    return dict(iter_drafter_tensors(cfg))
+
+
+def iter_drafter_tensors(cfg: DrafterConfig) -> Iterator[tuple[str, TensorSpec]]:
+    """drafter_tensor_specs one by one, lazily (a checkpoint's validation stops at the first missing one)."""
     h, hd = cfg.hidden_size, cfg.head_dim
     q_dim, kv_dim = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
 
     def bf(*shape: int) -> TensorSpec:
         return TensorSpec(("BF16",), shape)
 
-    specs = {"fc.weight": bf(h, cfg.context_width), "hidden_norm.weight": bf(h), "norm.weight": bf(h)}
+    yield from {"fc.weight": bf(h, cfg.context_width), "hidden_norm.weight": bf(h), "norm.weight": bf(h)}.items()
     for i in range(cfg.num_hidden_layers):
         p = f"layers.{i}"
-        specs.update({
+        yield from {
             f"{p}.input_layernorm.weight": bf(h),
             f"{p}.post_attention_layernorm.weight": bf(h),
             f"{p}.self_attn.q_proj.weight": bf(q_dim, h),
@@ -253,14 +258,13 @@ def drafter_tensor_specs(cfg: DrafterConfig) -> dict[str, TensorSpec]:
             f"{p}.mlp.gate_proj.weight": bf(cfg.intermediate_size, h),
             f"{p}.mlp.up_proj.weight": bf(cfg.intermediate_size, h),
             f"{p}.mlp.down_proj.weight": bf(h, cfg.intermediate_size),
-        })
-    return specs
+        }.items()
 
 
 def open_drafter(drafter_dir: str | Path, target: ModelConfig | None = None) -> tuple[DrafterConfig, Checkpoint]:
     """Read and validate the drafter's config.json (against the target when given) and its tensors."""
     cfg = load_drafter_config(drafter_dir, target)
-    return cfg, Checkpoint(drafter_dir, cfg, drafter_tensor_specs(cfg))  # type: ignore[arg-type]
+    return cfg, Checkpoint(drafter_dir, cfg, iter_drafter_tensors(cfg))  # type: ignore[arg-type]
 
 
 def write_drafter(drafter_dir: str | Path, cfg: DrafterConfig, tensors: Mapping[str, np.ndarray],

@@ -18,6 +18,8 @@ from ddtree import bf16
 from ddtree.checkpoint import Checkpoint, open_checkpoint
 from ddtree.config import LORA_NORM_EPS, ModelConfig
 from ddtree.errors import RequestError, check_token_ids
+from ddtree.limits import MAX_TREE_BUDGET
+from ddtree.request import check_seed
 from ddtree.reference.rope import Rope
 from ddtree.results import GenerationResult
 
@@ -36,10 +38,6 @@ def engine_dims(cfg: ModelConfig) -> dict[str, Any]:
         "routed_scaling_factor": cfg.routed_scaling_factor, "norm_topk_prob": cfg.norm_topk_prob,
         "rms_eps": cfg.rms_norm_eps, "lora_eps": LORA_NORM_EPS, "softmax_scale": cfg.softmax_scale,
     }
-
-
-# The largest tree budget an engine takes (the runtime's kMaxTreeBudget, exported as _native.MAX_BUDGET).
-MAX_BUDGET = 1024
 
 
 def _native_call(method: Any, *args: Any) -> Any:
@@ -73,8 +71,8 @@ def _check_sizes(streams: int, max_context: int, budget: int, cfg: ModelConfig) 
     for name, value in (("streams", streams), ("max_context", max_context)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise RequestError(f"{name} must be a positive integer, got {value!r}")
-    if isinstance(budget, bool) or not isinstance(budget, int) or not 0 <= budget <= MAX_BUDGET:
-        raise RequestError(f"budget must be an integer in 0..{MAX_BUDGET}, got {budget!r}")
+    if isinstance(budget, bool) or not isinstance(budget, int) or not 0 <= budget <= MAX_TREE_BUDGET:
+        raise RequestError(f"budget must be an integer in 0..{MAX_TREE_BUDGET}, got {budget!r}")
     if max_context > cfg.max_position_embeddings:
         raise RequestError(f"max_context {max_context} exceeds the model's max_position_embeddings "
                            f"{cfg.max_position_embeddings}")
@@ -93,13 +91,7 @@ def validate_request(prompts: Sequence[Sequence[int]], max_new_tokens: int, temp
         raise RequestError(f"{len(prompts)} prompts but the engine was created for {streams} streams")
     checked = []
     for i, prompt in enumerate(prompts):
-        ids = np.asarray(prompt)
-        if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
-            raise RequestError(f"prompt {i} must be a non-empty sequence of integer token ids")
-        try:
-            ids = check_token_ids(ids, vocab_size)
-        except RequestError as err:
-            raise RequestError(f"prompt {i}: {err}") from None
+        ids = check_token_ids(prompt, vocab_size, f"prompt {i}")
         if ids.size + max_new_tokens > max_context:
             raise RequestError(f"prompt {i}: {ids.size} tokens + {max_new_tokens} new tokens exceed max_context "
                                f"{max_context}")
@@ -170,6 +162,7 @@ class Engine:
         """
         checked = validate_request(prompts, max_new_tokens, temperature, self.streams, self.max_context,
                                    self.config.vocab_size)
+        seed = check_seed(seed)
         tokens, prefill_seconds, decode_seconds = _native_call(self._native.generate, checked, max_new_tokens,
                                                                float(temperature), seed)
         return [GenerationResult(tokens=list(t), prefill_seconds=prefill_seconds, decode_seconds=decode_seconds)

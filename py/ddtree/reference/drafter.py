@@ -27,6 +27,7 @@ import numpy as np
 
 from ddtree import bf16
 from ddtree.drafter import DrafterConfig, drafter_tensor_specs, open_drafter
+from ddtree.errors import CheckpointError, RequestError
 from ddtree.reference.layers import linear, rms_norm, softmax, swiglu_mlp
 from ddtree.reference.model import ReferenceModel
 from ddtree.reference.rope import Rope
@@ -54,13 +55,13 @@ class ReferenceDrafter:
         specs = drafter_tensor_specs(config)
         for name, spec in specs.items():
             if name not in weights:
-                raise ValueError(f"drafter weight '{name}' is missing")
+                raise CheckpointError(f"drafter weight '{name}' is missing")
             if tuple(np.shape(weights[name])) != spec.shape:
-                raise ValueError(f"drafter weight '{name}' has shape {list(np.shape(weights[name]))}, "
+                raise CheckpointError(f"drafter weight '{name}' has shape {list(np.shape(weights[name]))}, "
                                  f"expected {list(spec.shape)}")
         for name, table in (("embed_tokens", embed_tokens), ("lm_head", lm_head)):
             if tuple(np.shape(table)) != (config.vocab_size, config.hidden_size):
-                raise ValueError(f"target {name} has shape {list(np.shape(table))}, "
+                raise CheckpointError(f"target {name} has shape {list(np.shape(table))}, "
                                  f"expected {[config.vocab_size, config.hidden_size]}")
         self.weights = {name: bf16.as_float32(weights[name]) for name in specs}
         self.embed_tokens = np.asarray(embed_tokens)  # rows are widened when used: the table is vocab x hidden
@@ -77,7 +78,7 @@ class ReferenceDrafter:
     def new_cache(self, window: int | None = None) -> DraftCache:
         """An empty draft cache; ``window`` (None: unbounded) keeps only the last ``window`` committed rows."""
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ValueError(f"window must be a positive integer or None, got {window!r}")
+            raise RequestError(f"window must be a positive integer or None, got {window!r}")
         c = self.config
         empty = np.zeros((0, c.num_key_value_heads, c.head_dim), dtype=np.float32)
         return DraftCache([empty] * c.num_hidden_layers, [empty] * c.num_hidden_layers, window=window)
@@ -96,13 +97,13 @@ class ReferenceDrafter:
         c, w = self.config, self.weights
         context = np.asarray(context, dtype=np.float32)
         if context.ndim != 2 or context.shape[1] != c.context_width:
-            raise ValueError(f"context must be [rows, {c.context_width}], got shape {context.shape}")
+            raise RequestError(f"context must be [rows, {c.context_width}], got shape {context.shape}")
         rows = context.shape[0]
         if cache.length + rows != start:
-            raise ValueError(f"draft cache has {cache.length} committed rows and {rows} context rows arrive, "
+            raise RequestError(f"draft cache has {cache.length} committed rows and {rows} context rows arrive, "
                              f"but the block starts at position {start}")
         if not 0 <= bonus_token < c.vocab_size:
-            raise ValueError(f"bonus_token {bonus_token} is outside the vocabulary of {c.vocab_size}")
+            raise RequestError(f"bonus_token {bonus_token} is outside the vocabulary of {c.vocab_size}")
         # Rows are projected independently, so rows already outside the window need not be projected at all.
         kept = rows if cache.window is None else min(rows, cache.window)
         oldest = None if cache.window is None else -cache.window  # slice start of the rows the cache keeps

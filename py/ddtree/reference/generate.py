@@ -20,10 +20,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ddtree.errors import RequestError, check_token_ids
+from ddtree.errors import NonFiniteError, RequestError, check_token_ids
 from ddtree.reference.drafter import ReferenceDrafter, draft_top_k
 from ddtree.reference.model import ReferenceModel
 from ddtree.reference.tree import accept_tree, build_tree, next_context, target_choices, verify_inputs
+from ddtree.request import check_request
 from ddtree.results import GenerationResult
 
 
@@ -36,34 +37,37 @@ def generate(model: ReferenceModel, drafter: ReferenceDrafter | None, prompt_ids
     block_size - 1, the reference's default) and records each round's acceptance length (accepted nodes
     including the root, as the reference counts it). ``draft_window`` (None: unbounded) lets the drafter attend
     to the last ``draft_window`` committed tokens only. ``on_tokens`` is called with the number of tokens emitted
-    so far whenever it grows (progress displays)."""
-    prompt = check_token_ids(prompt_ids, model.config.vocab_size)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise RequestError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-    if not np.isfinite(temperature) or temperature < 0:
-        raise RequestError(f"temperature must be finite and >= 0, got {temperature}")
-    if method not in ("ar", "ddtree"):
-        raise RequestError(f"method must be 'ar' or 'ddtree', got {method!r}")
-    stops = {int(t) for t in stop_token_ids}
-    progress = on_tokens if on_tokens is not None else (lambda count: None)
-    rng = np.random.default_rng(seed)
-    if method == "ar":
-        return _autoregressive(model, prompt, max_new_tokens, temperature, rng, stops, progress)
-    if drafter is None:
-        raise RequestError("method 'ddtree' needs a drafter")
-    c = drafter.config
-    if c.hidden_size != model.config.hidden_size or c.vocab_size != model.config.vocab_size or \
-            c.num_target_layers != model.config.num_hidden_layers:
-        raise RequestError("the drafter does not match the target model (hidden_size, vocab_size or "
-                           "num_target_layers differ)")
-    budget = c.block_size - 1 if budget is None else budget
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
-        raise RequestError(f"budget must be a non-negative integer, got {budget!r}")
+    so far whenever it grows (progress displays).
+
+    The whole request is checked before any forward runs (``ddtree.request.check_request``); logits that are not
+    finite raise NonFiniteError naming the position, instead of decoding NaN as token 0."""
+    request = check_request(model.config, drafter.config if drafter is not None else None, prompt_ids,
+                            max_new_tokens, method, budget, temperature, seed)
+    stops = set(check_token_ids(stop_token_ids, model.config.vocab_size, "stop_token_ids").tolist()) \
+        if len(stop_token_ids) else set()
     if draft_window is not None and (isinstance(draft_window, bool) or not isinstance(draft_window, int)
                                      or draft_window < 1):
         raise RequestError(f"draft_window must be a positive integer or None, got {draft_window!r}")
-    return _ddtree(model, drafter, prompt, max_new_tokens, budget, temperature, rng, stops, progress,
-                   draft_window)
+    progress = on_tokens if on_tokens is not None else (lambda count: None)
+    rng = np.random.default_rng(request.seed)
+    if request.method == "ar":
+        return _autoregressive(model, request.prompt, request.max_new_tokens, request.temperature, rng, stops,
+                               progress)
+    assert drafter is not None  # check_request refuses DDTree without one
+    return _ddtree(model, drafter, request.prompt, request.max_new_tokens, request.budget, request.temperature, rng,
+                   stops, progress, draft_window)
+
+
+def _finite(logits: np.ndarray, positions: Sequence[int] | np.ndarray, source: str) -> np.ndarray:
+    """`logits` [rows, vocab], row i computed at `positions[i]`; NonFiniteError at the first row with a NaN or
+    infinite value (argmax would quietly read NaN as token 0)."""
+    bad = np.flatnonzero(~np.isfinite(logits).all(axis=1))
+    if bad.size:
+        row = logits[bad[0]]
+        value = row[~np.isfinite(row)][0]
+        raise NonFiniteError(f"the {source}'s logits at position {int(positions[bad[0]])} hold {value}: its weights "
+                             f"or config.json give non-finite values")
+    return logits
 
 
 def _finish(tokens: list[int], max_new_tokens: int, stops: set[int]) -> tuple[list[int], bool]:
@@ -83,6 +87,7 @@ def _autoregressive(model: ReferenceModel, prompt: np.ndarray, max_new_tokens: i
     if max_new_tokens == 0:
         return GenerationResult(tokens, 0.0, 0.0)
     logits = model.forward(prompt, np.arange(prompt.size), cache).logits[-1:]
+    logits = _finite(logits, [prompt.size - 1], "target model")
     prefill = time.perf_counter() - begin
     while True:
         tokens.append(int(target_choices(logits, temperature, rng)[0]))
@@ -90,7 +95,8 @@ def _autoregressive(model: ReferenceModel, prompt: np.ndarray, max_new_tokens: i
         progress(len(tokens))
         if done:
             break
-        logits = model.forward([tokens[-1]], [cache.length], cache).logits
+        position = cache.length
+        logits = _finite(model.forward([tokens[-1]], [position], cache).logits, [position], "target model")
     return GenerationResult(tokens, prefill, time.perf_counter() - begin - prefill)
 
 
@@ -103,7 +109,7 @@ def _ddtree(model: ReferenceModel, drafter: ReferenceDrafter, prompt: np.ndarray
         return GenerationResult([], 0.0, 0.0)
     cache = model.new_cache()
     out = model.forward(prompt, np.arange(prompt.size), cache, hidden_layers=taps)
-    bonus = int(target_choices(out.logits[-1:], temperature, rng)[0])
+    bonus = int(target_choices(_finite(out.logits[-1:], [prompt.size - 1], "target model"), temperature, rng)[0])
     context = next_context([out.hidden[layer] for layer in taps], np.arange(prompt.size))
     prefill = time.perf_counter() - begin
     draft_cache = drafter.new_cache(draft_window)
@@ -111,12 +117,14 @@ def _ddtree(model: ReferenceModel, drafter: ReferenceDrafter, prompt: np.ndarray
     tokens, done = _finish([bonus], max_new_tokens, stops)
     accept_lengths: list[int] = []
     while not done:
-        draft_logits = drafter.draft(draft_cache, context, bonus, start)
+        draft_logits = _finite(drafter.draft(draft_cache, context, bonus, start),
+                               start + np.arange(1, drafter.config.block_size), "drafter")
         log_probs, token_ids = draft_top_k(draft_logits, budget)
         tree = build_tree(log_probs, token_ids, budget)
         ids, positions, visible = verify_inputs(tree, bonus, start)
         out = model.forward(ids, positions, cache, visible=visible, hidden_layers=taps)
-        accepted, bonus = accept_tree(tree, target_choices(out.logits, temperature, rng))
+        choices = target_choices(_finite(out.logits, positions, "target model"), temperature, rng)
+        accepted, bonus = accept_tree(tree, choices)
         cache.compact(start, accepted)
         context = next_context([out.hidden[layer] for layer in taps], accepted)
         start += accepted.size
