@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from ddtree.device import device_info
-from engine_models import make_model_dirs
+# A build without the CUDA toolkit has no native module: every test here is skipped with its ImportError's message.
+pytest.importorskip("ddtree._native", exc_type=ImportError)
+from ddtree.device import device_info  # noqa: E402
+from engine_models import make_model_dirs  # noqa: E402
 
 
 def _skip_reason() -> str | None:
