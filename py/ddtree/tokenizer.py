@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddtree.errors import CheckpointError, printable
+from ddtree.errors import CheckpointError, RequestError, printable
 
 TOKENIZER_JSON = "tokenizer.json"
 TIKTOKEN_MODEL = "tiktoken.model"
@@ -70,6 +70,19 @@ class TextStream:
         piece = text[self._shown:]
         self._shown = max(self._shown, len(text))
         return piece
+
+
+def encode_prompts(prompts: Sequence[str | Sequence[int]], model_dir: str | Path | None
+                   ) -> tuple[list[Sequence[int]], Tokenizer | None]:
+    """Every prompt as token ids, text through the tokenizer of the checkpoint in `model_dir` (read only when a
+    prompt is text), and that tokenizer (None when every prompt is ids)."""
+    if not any(isinstance(prompt, str) for prompt in prompts):
+        return [prompt for prompt in prompts if not isinstance(prompt, str)], None  # all of them
+    if model_dir is None:
+        raise RequestError("a text prompt needs the tokenizer of a checkpoint directory, and this model was not "
+                           "loaded from one: pass token ids")
+    tokenizer = load_tokenizer(model_dir)
+    return [tokenizer.encode(p) if isinstance(p, str) else p for p in prompts], tokenizer
 
 
 def find_tokenizer(model_dir: str | Path) -> Path | None:
