@@ -86,7 +86,8 @@ def show_results(run: Run, results: Sequence[GenerationResult], console: Console
     for i, result in enumerate(results):
         if result.text is None:
             console.out(f"[{i}] prompt {list(run.prompt_ids[i])} -> {result.tokens}", highlight=False)
-        line = (f"    {len(result.tokens)} tokens, prefill {result.prefill_seconds * 1e3:.1f} ms, "
+        # a text prompt's stream was printed as text: the line names the stream it belongs to
+        line = (f"{'    ' if result.text is None else f'[{i}] '}{len(result.tokens)} tokens, prefill {result.prefill_seconds * 1e3:.1f} ms, "
                 f"decode {result.tokens_per_second:.1f} tokens/s ({run.backend}, {run.method})")
         if result.accept_lengths:
             line += (f", {len(result.accept_lengths)} rounds, mean acceptance length {_mean_acceptance(result):.2f}; "
