@@ -201,23 +201,15 @@ std::pair<double, double> ArDecoder::time_decode(int n, const std::vector<int32_
     const cudaGraphExec_t graph = decode_graph(n, cache_.attention_span(longest));
     CUDA_CHECK(cudaGraphLaunch(graph, s));  // warm-up
     set_decode_state(positions, &ids, 0);
-    cudaEvent_t start, stop;
-    CUDA_CHECK(cudaEventCreate(&start));
-    CUDA_CHECK(cudaEventCreate(&stop));
-    CUDA_CHECK(cudaEventRecord(start, s));
+    PhaseClock clock(s);
     double host = 0.0;
     for (int i = 0; i < iters; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
         CUDA_CHECK(cudaGraphLaunch(graph, s));
         host += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
-    CUDA_CHECK(cudaEventRecord(stop, s));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    return {ms * 1e-3 / iters, host / iters};
+    clock.mark();
+    return {clock.seconds(0, 1) / iters, host / iters};
 }
 
 StepProfile ArDecoder::profile_step(int n, const std::vector<int32_t>& positions, int iters, float temperature,

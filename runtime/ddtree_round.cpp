@@ -115,8 +115,9 @@ TreeGeneration DdtreeRound::generate_oracle(const std::vector<std::vector<int32_
         throw std::invalid_argument("width: the oracle's candidates per depth must be 1..budget (" +
                                     std::to_string(budget) + ") and below the vocabulary");
     }
-    if (static_cast<int>(oracle.hit.size()) != depth_limit) {
-        throw std::invalid_argument("hit: the oracle profile needs one probability per depth (" +
+    if (static_cast<int>(oracle.hit.size()) != depth_limit ||
+        !std::all_of(oracle.hit.begin(), oracle.hit.end(), [](float p) { return p >= 0.f && p <= 1.f; })) {
+        throw std::invalid_argument("hit: the oracle profile needs one probability in [0, 1] per depth (" +
                                     std::to_string(depth_limit) + ")");
     }
     if (static_cast<int>(oracle.reference.size()) != n) {

@@ -248,19 +248,11 @@ StepProfile EagerDrafter::profile_round(const std::vector<int32_t>& streams, con
 double EagerDrafter::time_round(const std::vector<int32_t>& streams, const std::vector<int32_t>& bonus, int iters) {
     const DraftBlockRows block = stage_block(streams, bonus);
     run_round(block, nullptr);  // warm-up
-    cudaEvent_t start, stop;
-    CUDA_CHECK(cudaEventCreate(&start));
-    CUDA_CHECK(cudaEventCreate(&stop));
     hold_stream_for_timing(stream_);
-    CUDA_CHECK(cudaEventRecord(start, stream_));
+    PhaseClock clock(stream_);
     for (int i = 0; i < iters; ++i) run_round(block, nullptr);
-    CUDA_CHECK(cudaEventRecord(stop, stream_));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    return ms * 1e-3 / std::max(iters, 1);
+    clock.mark();
+    return clock.seconds(0, 1) / std::max(iters, 1);
 }
 
 }  // namespace ddtree

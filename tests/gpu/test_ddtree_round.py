@@ -94,7 +94,8 @@ def test_round_refuses_bad_arguments(model_dirs: dict[str, Path]) -> None:
     native = engine.native
     good = ([[1, 2]], 8, 0.0, 0, [[0] * 8], [0.5] * DEPTH, 1, 8, DEPTH, 4)
     for index, value, message in [(7, 9, "budget must be in 1..8"), (8, 16, "depth_limit"), (9, 9, "width"),
-                                  (5, [0.5], "hit"), (4, [[0] * 8, [0] * 8], "reference"),
+                                  (5, [0.5], "hit"), (5, [float("nan")] * DEPTH, "hit"),
+                                  (4, [[0] * 8, [0] * 8], "reference"),
                                   (1, 600, "max_new_tokens")]:
         args = list(good)
         args[index] = value
