@@ -117,9 +117,10 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--ignore-eos", action="store_true",
                      help="do not stop at config.json's eos_token_id (always generate -n tokens, unless --stop-ids)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy; above 0 samples")
-    gen.add_argument("--seed", type=int, default=0, help="sampling seed (stream i uses seed + i)")
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed")
     gen.add_argument("--backend", choices=("auto", "engine", "reference"), default="auto",
-                     help="engine needs a CUDA device; auto picks it when one is present")
+                     help="engine needs a CUDA device and the native module; auto picks it when both are there "
+                          "(ddtree-run info says which it picks)")
     gen.add_argument("--method", choices=("ar", "ddtree"), default="ar",
                      help="autoregressive decoding, or DDTree speculative decoding with the drafter")
     gen.add_argument("--budget", type=_positive, default=None,
@@ -208,8 +209,9 @@ def _backend(backend: str, method: str) -> tuple[str, str]:
 
 
 def _stop_ids(args: argparse.Namespace, cfg: ModelConfig) -> list[int]:
-    """config.json's eos ids (unless --ignore-eos) and --stop-ids."""
-    stops = [] if args.ignore_eos else list(cfg.eos_token_ids)
+    """config.json's eos ids (unless --ignore-eos; one outside the vocabulary is never generated, so it is left out)
+    and --stop-ids."""
+    stops = [] if args.ignore_eos else [eos for eos in cfg.eos_token_ids if 0 <= eos < cfg.vocab_size]
     if args.stop_ids:
         stops += check_token_ids(args.stop_ids, cfg.vocab_size, "--stop-ids").tolist()
     return stops

@@ -1,4 +1,5 @@
-"""tests/gpu needs a CUDA device and torch with CUDA; without them every test here is skipped with the reason."""
+"""tests/gpu needs the native module, a CUDA device and torch with CUDA; without them every test here is skipped with
+the reason."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-# A build without the CUDA toolkit has no native module: every test here is skipped with its ImportError's message.
-pytest.importorskip("ddtree._native", exc_type=ImportError)
-from ddtree.device import device_info  # noqa: E402
-from engine_models import make_model_dirs  # noqa: E402
+from ddtree.device import device_info, native_unavailable
+from engine_models import make_model_dirs
 
 
 def _skip_reason() -> str | None:
+    missing = native_unavailable()
+    if missing is not None:
+        return missing
     info = device_info()
     if not info.devices:
         return f"needs a CUDA device: {info}"
