@@ -7,6 +7,7 @@ import io
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -16,6 +17,8 @@ from ddtree import __version__, cli, device
 from ddtree.drafter import make_drafter
 from ddtree.generation_view import Run, progress_display
 from ddtree.presets import preset_config
+from ddtree.reference import ReferenceModel
+from ddtree.results import GenerationResult
 from ddtree.tokenizer import load_tokenizer
 from tokenizer_files import write_tiktoken_model, write_tokenizer_json
 
@@ -30,7 +33,7 @@ def text_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     return model
 
 
-def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:  # type: ignore[type-arg]
+def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     assert cli.main(["generate", "--backend", "reference", "--json", *argv]) == 0
     captured = capsys.readouterr()
     assert captured.err == ""
@@ -150,3 +153,22 @@ def test_progress_bars_are_labelled_per_stream_with_tokens_per_second() -> None:
                 on_tokens(stream, list(range(count)))
     text = Text.from_ansi(out.getvalue()).plain
     assert "reference ar stream 0" in text and "reference ar stream 1" in text and "tokens/s" in text
+
+
+def test_reference_prefill_is_timed_warm(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                         text_model: Path) -> None:
+    """The first stream's prefill converts no weight to float32: the discarded warm-up prefill did."""
+    import ddtree.reference
+
+    real_generate = ddtree.reference.generate
+    converted_inside = []
+
+    def generate(model: ReferenceModel, *args: Any, **kwargs: Any) -> GenerationResult:
+        before = len(model._float32)
+        result = real_generate(model, *args, **kwargs)
+        converted_inside.append(len(model._float32) - before)
+        return result
+
+    monkeypatch.setattr(ddtree.reference, "generate", generate)
+    _json(capsys, "--model", str(text_model), "--prompt-ids", "1,2,3", "-n", "4")
+    assert converted_inside == [0]
