@@ -27,7 +27,8 @@ def test_make_model_then_generate(tmp_path: Path) -> None:
     made = _run("make-model", "--preset", "tiny", "--out", str(out), "--seed", "3")
     assert made.returncode == 0, made.stderr
     assert (out / "config.json").is_file()
-    gen = _run("generate", "--model", str(out), "--prompt-ids", "1,2,3", "-n", "16", "--backend", "reference")
+    gen = _run("generate", "--model", str(out), "--prompt-ids", "1,2,3", "-n", "16", "--ignore-eos",
+               "--backend", "reference")
     assert gen.returncode == 0, gen.stderr
     assert "prompt [1, 2, 3] ->" in gen.stdout and "tokens/s" in gen.stdout
     tokens = gen.stdout.split("->", 1)[1].split("]", 1)[0]
