@@ -27,7 +27,8 @@ def test_make_model_then_generate(tmp_path: Path) -> None:
     made = _run("make-model", "--preset", "tiny", "--out", str(out), "--seed", "3")
     assert made.returncode == 0, made.stderr
     assert (out / "config.json").is_file()
-    gen = _run("generate", "--model", str(out), "--prompt-ids", "1,2,3", "-n", "16", "--backend", "reference")
+    gen = _run("generate", "--model", str(out), "--prompt-ids", "1,2,3", "-n", "16", "--ignore-eos",
+               "--backend", "reference")
     assert gen.returncode == 0, gen.stderr
     assert "prompt [1, 2, 3] ->" in gen.stdout and "tokens/s" in gen.stdout
     tokens = gen.stdout.split("->", 1)[1].split("]", 1)[0]
@@ -67,4 +68,24 @@ def test_bad_arguments_exit_non_zero(args: tuple[str, ...], needle: str) -> None
 def test_info_runs_without_gpu() -> None:
     proc = _run("info")
     assert proc.returncode == 0, proc.stderr
-    assert "CUDA runtime" in proc.stdout
+    native = "CUDA runtime" in proc.stdout or "ddtree._native is not built" in proc.stdout
+    assert native and "generate runs on the" in proc.stdout and "built-in model" in proc.stdout
+
+
+def test_python_m_ddtree_is_ddtree_run() -> None:
+    proc = subprocess.run([sys.executable, "-m", "ddtree", "--version"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith("ddtree "), proc.stderr
+
+
+def test_piped_output_is_not_wrapped(tiny_model_dir: Path) -> None:
+    """rich wraps at 80 columns when it cannot ask a terminal for its width; a pipe must get whole lines."""
+    gen = _run("generate", "--model", str(tiny_model_dir), "--prompt-ids", "1,2,3", "-n", "48", "--ignore-eos",
+               "--backend", "reference")
+    assert gen.returncode == 0, gen.stderr
+    [line] = [line for line in gen.stdout.splitlines() if "->" in line]
+    assert len(line) > 80 and len(line.split("->", 1)[1].split(",")) == 48
+
+
+def test_text_prompt_without_tokenizer_is_one_line(tiny_model_dir: Path) -> None:
+    _one_line_error(_run("generate", "--model", str(tiny_model_dir), "--prompt", "hello"),
+                    "ddtree-run: error:", str(tiny_model_dir), "no tokenizer", "tokenizer.json", "tiktoken.model")

@@ -145,7 +145,9 @@ def test_nan_norm_weights_name_the_stream_and_position(capsys, model_copy) -> No
     (["--budget", "9" * 5000, "--method", "ddtree"], ["argument --budget: must be a positive integer, got '999"]),
     (["--budget", "9" * 500, "--method", "ddtree"], ["--budget 999", "is more than the maximum tree budget 1024"]),
     (["--prompt-ids", "1" * 5000], ["argument --prompt-ids: must be comma-separated token ids"]),
-    (["--prompt", "hello"], ["unrecognized arguments: --prompt hello"]),
+    (["--prompt", "hello"], ["argument --prompt: not allowed with argument --prompt-ids"]),
+    (["--stop-ids", "1,x"], ["argument --stop-ids: must be comma-separated token ids"]),
+    (["--stop-ids", "600"], ["--stop-ids: token id 600 at position 0 is outside the vocabulary [0, 512)"]),
     (["--prompt-ids", "1", "--prompt-id", "2"], ["unrecognized arguments: --prompt-id 2"]),
     (["--temperature", "nan"], ["--temperature must be a finite number >= 0, got nan"]),
     (["--temperature", "-1"], ["--temperature must be a finite number >= 0"]),
@@ -252,6 +254,8 @@ VALUES = {
     "--backend": _mostly(st.sampled_from(["reference", "auto", "engine"])),
     "--drafter": _mostly(st.just("MODEL/drafter")),
     "--prompt": GARBAGE,
+    "--stop-ids": _mostly(st.lists(st.integers(0, 600), min_size=1, max_size=2).map(
+        lambda ids: ",".join(map(str, ids)))),
 }
 
 

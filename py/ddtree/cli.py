@@ -16,13 +16,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ddtree import __version__
 from ddtree.config import ModelConfig
-from ddtree.errors import DDTreeError, NonFiniteError, RequestError
+from ddtree.errors import DDTreeError, NonFiniteError, RequestError, check_token_ids
+from ddtree.generation_view import OnTokens, Run, progress_display, show_results
 from ddtree.limits import MAX_TREE_BUDGET
 from ddtree.request import ArgumentNames, check_request, check_seed
-from ddtree.results import GenerationResult
+from ddtree.results import GenerationResult, cut_at_stop, with_text
+from ddtree.tokenizer import encode_prompts
 
 PRESETS = ("tiny", "small", "k2-layers")
 DEFAULT_MODEL_DIR = Path.home() / ".cache" / "ddtree" / "tiny-seed0"
@@ -51,49 +53,88 @@ def _positive(text: str) -> int:
     return value
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Each option's help ends with its default, where it has one; epilogs (the examples) keep their lines."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        unset = action.default is None or action.default is False or action.default == [] or \
+            action.default is argparse.SUPPRESS
+        return text if unset or not action.option_strings else text + " (default: %(default)s)"
+
+
 class _OneLineParser(argparse.ArgumentParser):
     """Argument errors are one line on stderr and exit status 2, like every other ddtree-run error; no option
     is matched by a prefix of its name (--prompt is not --prompt-ids)."""
 
     def __init__(self, *args: typing.Any, **kwargs: typing.Any) -> None:
-        super().__init__(*args, allow_abbrev=False, **kwargs)
+        super().__init__(*args, allow_abbrev=False, formatter_class=_HelpFormatter, **kwargs)
 
     def error(self, message: str) -> typing.NoReturn:
         self.exit(2, f"ddtree-run: error: {message} (see {self.prog} --help)\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog="ddtree-run", description=__doc__.splitlines()[0])
+    parser = _OneLineParser(prog="ddtree-run", description=__doc__.splitlines()[0],
+                            epilog="example:\n  ddtree-run generate --prompt-ids 1,2,3 -n 16")
+    parser.add_argument("--version", action="version", version=f"ddtree {__version__}")
     # --traceback is accepted before or after the command; a subcommand's default must not hide the top one's.
     parser.add_argument("--traceback", action="store_true", help="show the traceback of an unexpected error")
     common = _OneLineParser(add_help=False)
     common.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
 
-    make = sub.add_parser("make-model", parents=[common], help="write a seeded random checkpoint in the real K2 format")
-    make.add_argument("--preset", choices=PRESETS, required=True)
+    make = sub.add_parser("make-model", parents=[common], help="write a seeded random checkpoint in the real K2 format",
+                          description="Write a seeded random target checkpoint in the real Kimi-K2 format and a "
+                                      f"matching DFlash drafter in OUT/{DRAFTER_SUBDIR}.",
+                          epilog="example:\n  ddtree-run make-model --preset tiny --out models/tiny --seed 0")
+    make.add_argument("--preset", choices=PRESETS, required=True,
+                      help="tiny (seconds on a CPU), small (about 300 MB), k2-layers (real K2 dimensions)")
     make.add_argument("--out", type=Path, required=True, help="directory to write (new or empty)")
-    make.add_argument("--seed", type=int, default=0)
-    make.add_argument("--layers", type=_positive, default=None, help="layer count (k2-layers)")
+    make.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    make.add_argument("--layers", type=_positive, default=None, help="layer count (k2-layers only)")
 
-    gen = sub.add_parser("generate", parents=[common], help="generate tokens greedily (or sampled) from prompt ids")
+    gen = sub.add_parser("generate", parents=[common], help="generate text or tokens from a prompt",
+                         description="Generate from text prompts (--prompt, with the checkpoint's tokenizer) or token "
+                                     "ids (--prompt-ids), one stream per prompt, greedily or sampled.",
+                         epilog="examples:\n"
+                                "  ddtree-run generate --model models/tiny --prompt-ids 1,2,3 -n 16\n"
+                                "  ddtree-run generate --model MODEL --prompt 'The capital of France is' -n 32 "
+                                "--method ddtree")
     gen.add_argument("--model", type=Path, default=None,
-                     help="checkpoint directory (default: a built-in tiny model, written on first use)")
-    gen.add_argument("--prompt-ids", type=_prompt_ids, action="append", required=True,
-                     help="comma-separated prompt token ids; repeat for several streams")
-    gen.add_argument("-n", "--max-new-tokens", type=_positive, default=32)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--seed", type=int, default=0)
+                     help=f"checkpoint directory (default: the built-in tiny model in {DEFAULT_MODEL_DIR}, written "
+                          f"on first use)")
+    prompts = gen.add_mutually_exclusive_group(required=True)
+    prompts.add_argument("--prompt", action="append", metavar="TEXT",
+                         help="prompt text, encoded with the checkpoint's tokenizer (tokenizer.json, or "
+                              "tiktoken.model with tokenizer_config.json); repeat for several streams")
+    prompts.add_argument("--prompt-ids", type=_prompt_ids, action="append",
+                         help="comma-separated prompt token ids; repeat for several streams")
+    gen.add_argument("-n", "--max-new-tokens", type=_positive, default=32, help="the most tokens to generate")
+    gen.add_argument("--stop-ids", type=_prompt_ids, default=[],
+                     help="comma-separated token ids that end a stream (kept in its output), besides the "
+                          "eos_token_id of config.json")
+    gen.add_argument("--ignore-eos", action="store_true",
+                     help="do not stop at config.json's eos_token_id (always generate -n tokens, unless --stop-ids)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy; above 0 samples")
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed")
     gen.add_argument("--backend", choices=("auto", "engine", "reference"), default="auto",
-                     help="engine needs a CUDA device; auto picks it when one is present")
+                     help="engine needs a CUDA device and the native module; auto picks it when both are there "
+                          "(ddtree-run info says which it picks)")
     gen.add_argument("--method", choices=("ar", "ddtree"), default="ar",
                      help="autoregressive decoding, or DDTree speculative decoding with the drafter")
     gen.add_argument("--budget", type=_positive, default=None,
                      help=f"DDTree node budget, at most {MAX_TREE_BUDGET} (default block_size - 1)")
     gen.add_argument("--drafter", type=Path, default=None,
                      help=f"drafter checkpoint directory (default: MODEL/{DRAFTER_SUBDIR})")
+    gen.add_argument("--json", action="store_true",
+                     help="print one JSON document (backend, method, and per stream: tokens, text, timings, "
+                          "acceptance lengths) instead of lines and progress")
 
-    sub.add_parser("info", parents=[common], help="describe the CUDA devices and the native build")
+    sub.add_parser("info", parents=[common], help="describe the CUDA devices, the native build and the backend",
+                   description="Describe the CUDA devices, the native module, the backend generate uses by default "
+                               "and where the built-in model is.",
+                   epilog="example:\n  ddtree-run info")
     return parser
 
 
@@ -145,21 +186,40 @@ def _drafter_dir(args: argparse.Namespace, model_dir: Path) -> Path:
     return drafter_dir
 
 
-def _backend(args: argparse.Namespace) -> str:
-    from ddtree.device import has_cuda_device
+def _backend(backend: str, method: str) -> tuple[str, str]:
+    """The backend `generate` runs (`backend` is --backend) and why."""
+    from ddtree.device import has_cuda_device, native_unavailable
 
-    if args.backend == "auto":
-        return "engine" if args.method == "ar" and has_cuda_device() else "reference"
-    if args.backend == "engine":
-        if args.method != "ar":
+    if backend == "reference":
+        return "reference", "--backend reference"
+    if method != "ar":
+        if backend == "engine":
             raise RequestError("--method ddtree runs on the reference backend only for now (--backend reference)")
-        if not has_cuda_device():
+        return "reference", "DDTree runs on the reference backend only for now"
+    missing = native_unavailable()
+    if missing is not None:
+        if backend == "engine":
+            raise RequestError(f"--backend engine: {missing}")
+        return "reference", "the native module is not built"
+    if not has_cuda_device():
+        if backend == "engine":
             raise RequestError("--backend engine needs a CUDA device, and none is present")
-    return str(args.backend)
+        return "reference", "no CUDA device is present"
+    return "engine", "a CUDA device is present"
 
 
-def _check_requests(args: argparse.Namespace, model_dir: Path) -> None:
-    """Every stream's request, checked against the configs before any weight is read or any stream runs."""
+def _stop_ids(args: argparse.Namespace, cfg: ModelConfig) -> list[int]:
+    """config.json's eos ids (unless --ignore-eos; one outside the vocabulary is never generated, so it is left out)
+    and --stop-ids."""
+    stops = [] if args.ignore_eos else [eos for eos in cfg.eos_token_ids if 0 <= eos < cfg.vocab_size]
+    if args.stop_ids:
+        stops += check_token_ids(args.stop_ids, cfg.vocab_size, "--stop-ids").tolist()
+    return stops
+
+
+def _check_requests(args: argparse.Namespace, model_dir: Path, prompts: list[Sequence[int]]) -> list[int]:
+    """Every stream's request, checked against the configs before any weight is read or any stream runs; the stop
+    ids."""
     from ddtree.config import load_config
     from ddtree.drafter import DrafterConfig, load_drafter_config
 
@@ -172,17 +232,21 @@ def _check_requests(args: argparse.Namespace, model_dir: Path) -> None:
         drafter_config = str(drafter_dir / "config.json")
     elif args.drafter is not None:
         raise RequestError("--drafter applies to --method ddtree only")
-    for i, prompt in enumerate(args.prompt_ids):
-        names = ArgumentNames(prompt=f"--prompt-ids of stream {i}", new_tokens="-n", method="--method",
+    flag = "--prompt" if args.prompt is not None else "--prompt-ids"
+    for i, prompt in enumerate(prompts):
+        names = ArgumentNames(prompt=f"{flag} of stream {i}", new_tokens="-n", method="--method",
                               budget="--budget", temperature="--temperature", seed="--seed",
                               model_config=str(model_dir / "config.json"), drafter_config=drafter_config)
         check_request(cfg, drafter, prompt, args.max_new_tokens, args.method, args.budget, args.temperature,
                       args.seed, names)
+    return _stop_ids(args, cfg)
 
 
-def _reference_generate(args: argparse.Namespace, model_dir: Path,
-                        on_tokens: Callable[[int, int], None]) -> list[GenerationResult]:
+def _reference_generate(args: argparse.Namespace, model_dir: Path, prompts: list[Sequence[int]], stops: list[int],
+                        on_tokens: OnTokens) -> list[GenerationResult]:
     """The numpy reference, one stream at a time: the backend for machines without a GPU."""
+    import numpy as np
+
     from ddtree.reference import ReferenceModel, generate
     from ddtree.reference.drafter import ReferenceDrafter
 
@@ -190,61 +254,67 @@ def _reference_generate(args: argparse.Namespace, model_dir: Path,
     drafter = None
     if args.method == "ddtree":
         drafter = ReferenceDrafter.for_model(_drafter_dir(args, model_dir), model)
+    # The first forward widens the weights it reads to float32 and dequantizes the experts it routes to, once; a
+    # discarded prefill of the first prompt pays that, so no stream's prefill time includes it.
+    model.forward(prompts[0], np.arange(len(prompts[0])), model.new_cache())
     results = []
-    for i, prompt in enumerate(args.prompt_ids):
+    for i, prompt in enumerate(prompts):
         try:
             results.append(generate(model, drafter, prompt, args.max_new_tokens, method=args.method,
                                     budget=args.budget, temperature=args.temperature, seed=args.seed + i,
-                                    on_tokens=lambda count, i=i: on_tokens(i, count)))
+                                    stop_token_ids=stops, on_tokens=lambda tokens, i=i: on_tokens(i, tokens)))
         except NonFiniteError as e:
             raise NonFiniteError(f"stream {i}: {e}") from e
     return results
 
 
-def _engine_generate(args: argparse.Namespace, model_dir: Path,
-                     on_tokens: Callable[[int, int], None]) -> list[GenerationResult]:
-    """The native GPU engine, all streams at once."""
+def _engine_generate(args: argparse.Namespace, model_dir: Path, prompts: list[Sequence[int]], stops: list[int],
+                     on_tokens: OnTokens) -> list[GenerationResult]:
+    """The native GPU engine, all streams at once. It decodes all -n tokens of every stream; each is cut after its
+    first stop token here."""
+    from dataclasses import replace
+
     from ddtree.engine import Engine
 
-    prompts = args.prompt_ids
     engine = Engine(model_dir, streams=len(prompts), max_context=max(map(len, prompts)) + args.max_new_tokens)
     results = engine.generate(prompts, args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+    results = [replace(result, tokens=cut_at_stop(result.tokens, stops)[0]) for result in results]
     for i, result in enumerate(results):
-        on_tokens(i, len(result.tokens))
+        on_tokens(i, result.tokens)
     return results
 
 
 def _generate(args: argparse.Namespace, console: Console) -> int:
     model_dir = _model_dir(args)
-    backend = _backend(args)
-    _check_requests(args, model_dir)
-    run = _engine_generate if backend == "engine" else _reference_generate
-
-    prompts = args.prompt_ids
-    progress = Progress(TextColumn(f"[bold]{backend}[/bold] {args.method}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=console, transient=True)
-    with progress:
-        tasks = [progress.add_task(f"stream {i}", total=args.max_new_tokens) for i in range(len(prompts))]
-        results = run(args, model_dir, lambda stream, count: progress.update(tasks[stream], completed=count))
-    for i, (prompt, result) in enumerate(zip(prompts, results)):
-        console.print(f"[{i}] prompt {prompt} -> {result.tokens}")
-        line = (f"    {len(result.tokens)} tokens, prefill {result.prefill_seconds * 1e3:.1f} ms, "
-                f"decode {result.tokens_per_second:.1f} tokens/s ({backend}, {args.method})")
-        if result.accept_lengths:
-            mean = sum(result.accept_lengths) / len(result.accept_lengths)
-            line += f", {len(result.accept_lengths)} rounds, mean acceptance length {mean:.2f}"
-        console.print(line)
+    backend, _ = _backend(args.backend, args.method)
+    prompts, tokenizer = encode_prompts(args.prompt or args.prompt_ids, model_dir)
+    stops = _check_requests(args, model_dir, prompts)
+    run = Run(backend, args.method, prompts, args.prompt, args.max_new_tokens)
+    generate = _engine_generate if backend == "engine" else _reference_generate
+    with progress_display(run, console, tokenizer, quiet=args.json) as on_tokens:
+        results = generate(args, model_dir, prompts, stops, on_tokens)
+    show_results(run, [with_text(result, tokenizer) for result in results], console, as_json=args.json)
     return 0
 
 
 def _info(args: argparse.Namespace, console: Console) -> int:
-    import ddtree._native as native
-    from ddtree.device import device_info
+    from ddtree.device import device_info, native_unavailable
 
-    version = native.cuda_runtime_version()
-    console.print(f"ddtree native module: CUDA runtime {version // 1000}.{version % 1000 // 10} (static), "
-                  f"built for sm_{native.gpu_archs}")
-    console.print(str(device_info()))
+    missing = native_unavailable()
+    if missing is None:
+        import ddtree._native as native
+
+        version = native.cuda_runtime_version()
+        console.out(f"ddtree {__version__} native module: CUDA runtime {version // 1000}.{version % 1000 // 10} "
+                    f"(static), built for sm_{native.gpu_archs}", highlight=False)
+    else:
+        console.out(f"ddtree {__version__}: {missing}", highlight=False)
+    console.out(str(device_info()), highlight=False)
+    backend, why = _backend("auto", "ar")
+    console.out(f"generate runs on the {backend} backend ({why}; --backend overrides it; --method ddtree runs on "
+                f"the reference backend)", highlight=False)
+    written = "" if (DEFAULT_MODEL_DIR / "config.json").is_file() else ", written on first use"
+    console.out(f"built-in model (generate without --model): {DEFAULT_MODEL_DIR}{written}", highlight=False)
     return 0
 
 
@@ -276,7 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as stop:  # argparse has printed its one line (or the help): return its status, not raise
         return int(stop.code or 0)
-    console = Console()
+    # soft_wrap: a long line stays one line when piped, where rich would wrap it at 80 columns
+    console = Console(soft_wrap=True)
     with warnings.catch_warnings():
         warnings.showwarning = _warn
         try:

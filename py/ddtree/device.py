@@ -1,4 +1,5 @@
-"""CUDA device discovery through cuda-python (cuda.bindings), independent of the native module."""
+"""What this machine and installation can run on: CUDA device discovery through cuda-python (cuda.bindings),
+independent of the native module, and whether the native module was built (a build without nvcc skips it)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,12 @@ def device_info() -> DeviceInfo:
 
 def has_cuda_device() -> bool:
     return bool(device_info().devices)
+
+
+def native_unavailable() -> str | None:
+    """Why ddtree._native cannot be imported (the ImportError's message), or None when it can."""
+    try:
+        import ddtree._native  # noqa: F401
+    except ImportError as e:
+        return str(e)
+    return None

@@ -21,7 +21,8 @@ from ddtree.errors import RequestError, check_token_ids
 from ddtree.limits import MAX_TREE_BUDGET
 from ddtree.request import check_seed
 from ddtree.reference.rope import Rope
-from ddtree.results import GenerationResult
+from ddtree.results import GenerationResult, with_text
+from ddtree.tokenizer import encode_prompts
 
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
@@ -113,6 +114,7 @@ class Engine:
         checkpoint = open_checkpoint(model_dir)
         self._create(checkpoint.config, streams, max_context, budget, device)
         self._upload(checkpoint)
+        self.model_dir: Path | None = Path(model_dir)  # its tokenizer encodes text prompts
 
     @classmethod
     def random(cls, cfg: ModelConfig, streams: int, max_context: int, budget: int = 0, device: int = 0,
@@ -121,6 +123,7 @@ class Engine:
         engine = cls.__new__(cls)
         engine._create(cfg, streams, max_context, budget, device)
         engine._native.randomize_weights(seed)
+        engine.model_dir = None
         return engine
 
     def _create(self, cfg: ModelConfig, streams: int, max_context: int, budget: int, device: int) -> None:
@@ -154,19 +157,21 @@ class Engine:
         if missing:
             raise RuntimeError(f"engine weights incomplete: {missing!r} was not uploaded")
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
+    def generate(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
                  seed: int = 0) -> list[GenerationResult]:
-        """Generate exactly max_new_tokens tokens for each prompt (one stream each, all decoded together).
+        """Generate exactly max_new_tokens tokens for each prompt (one stream each, all decoded together). A prompt
+        may be text, encoded with the checkpoint's tokenizer; its result then holds the decoded text too.
 
         temperature 0 is greedy (lowest id on ties); > 0 samples with a seeded Gumbel-max per (stream, position).
         """
-        checked = validate_request(prompts, max_new_tokens, temperature, self.streams, self.max_context,
+        prompt_ids, tokenizer = encode_prompts(prompts, self.model_dir)
+        checked = validate_request(prompt_ids, max_new_tokens, temperature, self.streams, self.max_context,
                                    self.config.vocab_size)
         seed = check_seed(seed)
         tokens, prefill_seconds, decode_seconds = _native_call(self._native.generate, checked, max_new_tokens,
                                                                float(temperature), seed)
-        return [GenerationResult(tokens=list(t), prefill_seconds=prefill_seconds, decode_seconds=decode_seconds)
-                for t in tokens]
+        return [with_text(GenerationResult(tokens=list(t), prefill_seconds=prefill_seconds,
+                                           decode_seconds=decode_seconds), tokenizer) for t in tokens]
 
 
 __all__ = ["Engine", "engine_dims", "validate_request"]

@@ -2,22 +2,43 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ddtree.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)
 class GenerationResult:
     """One stream's output. The first token comes from the prefill; `decode_seconds` covers the rest.
 
-    `accept_lengths` holds one entry per DDTree round (empty for autoregressive decoding).
+    `accept_lengths` holds one entry per DDTree round (empty for autoregressive decoding); `text` is the decoded
+    tokens when the prompt was text (None for token ids).
     """
 
     tokens: list[int]
     prefill_seconds: float
     decode_seconds: float
     accept_lengths: list[int] = field(default_factory=list)
+    text: str | None = None
 
     @property
     def tokens_per_second(self) -> float:
         decoded = len(self.tokens) - 1
         return decoded / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+
+def cut_at_stop(tokens: list[int], stops: Collection[int]) -> tuple[list[int], bool]:
+    """`tokens` up to and including the first stop token, and whether there was one."""
+    for i, token in enumerate(tokens):
+        if token in stops:
+            return tokens[: i + 1], True
+    return tokens, False
+
+
+def with_text(result: GenerationResult, tokenizer: Tokenizer | None) -> GenerationResult:
+    """`result` with its tokens decoded by `tokenizer` (the prompt's, None for token-id prompts)."""
+    return result if tokenizer is None else dataclasses.replace(result, text=tokenizer.decode(result.tokens))

@@ -1,4 +1,5 @@
-"""tests/gpu needs a CUDA device and torch with CUDA; without them every test here is skipped with the reason."""
+"""tests/gpu needs the native module, a CUDA device and torch with CUDA; without them every test here is skipped with
+the reason."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from ddtree.device import device_info
+from ddtree.device import device_info, native_unavailable
 from engine_models import make_model_dirs
 
 
 def _skip_reason() -> str | None:
+    missing = native_unavailable()
+    if missing is not None:
+        return missing
     info = device_info()
     if not info.devices:
         return f"needs a CUDA device: {info}"

@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import ddtree  # noqa: E402
-from ddtree import _native  # noqa: E402
+_native = pytest.importorskip("ddtree._native", exc_type=ImportError)
 from ddtree.config import RopeConfig  # noqa: E402
 from ddtree.drafter import drafter_config_for, drafter_tensor_specs, parse_drafter_config, random_drafter_tensors  # noqa: E402,E501
 from ddtree.drafter import write_drafter  # noqa: E402

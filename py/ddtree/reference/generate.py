@@ -25,37 +25,43 @@ from ddtree.reference.drafter import ReferenceDrafter, draft_top_k
 from ddtree.reference.model import ReferenceModel
 from ddtree.reference.tree import accept_tree, build_tree, next_context, target_choices, verify_inputs
 from ddtree.request import check_request
-from ddtree.results import GenerationResult
+from ddtree.results import GenerationResult, cut_at_stop, with_text
+from ddtree.tokenizer import encode_prompts
 
 
 def generate(model: ReferenceModel, drafter: ReferenceDrafter | None, prompt_ids: Sequence[int] | np.ndarray,
              max_new_tokens: int, method: str = "ar", budget: int | None = None, temperature: float = 0.0,
              seed: int = 0, stop_token_ids: Sequence[int] = (),
-             on_tokens: Callable[[int], None] | None = None, draft_window: int | None = None) -> GenerationResult:
+             on_tokens: Callable[[list[int]], None] | None = None,
+             draft_window: int | None = None) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` (fewer when a stop token is emitted; it is
-    kept). ``method`` "ar" needs no drafter; "ddtree" runs one round per tree with ``budget`` nodes (default
+    kept). ``prompt_ids`` may be text, encoded with the tokenizer of the model's checkpoint directory; the result
+    then holds the decoded text too. ``method`` "ar" needs no drafter; "ddtree" runs one round per tree with ``budget`` nodes (default
     block_size - 1, the reference's default) and records each round's acceptance length (accepted nodes
     including the root, as the reference counts it). ``draft_window`` (None: unbounded) lets the drafter attend
-    to the last ``draft_window`` committed tokens only. ``on_tokens`` is called with the number of tokens emitted
-    so far whenever it grows (progress displays).
+    to the last ``draft_window`` committed tokens only. ``on_tokens`` is called with the tokens emitted so far
+    whenever they grow (progress displays, streamed text).
 
     The whole request is checked before any forward runs (``ddtree.request.check_request``); logits that are not
     finite raise NonFiniteError naming the position, instead of decoding NaN as token 0."""
-    request = check_request(model.config, drafter.config if drafter is not None else None, prompt_ids,
+    [prompt], tokenizer = encode_prompts([prompt_ids], model.model_dir)
+    request = check_request(model.config, drafter.config if drafter is not None else None, prompt,
                             max_new_tokens, method, budget, temperature, seed)
     stops = set(check_token_ids(stop_token_ids, model.config.vocab_size, "stop_token_ids").tolist()) \
         if len(stop_token_ids) else set()
     if draft_window is not None and (isinstance(draft_window, bool) or not isinstance(draft_window, int)
                                      or draft_window < 1):
         raise RequestError(f"draft_window must be a positive integer or None, got {draft_window!r}")
-    progress = on_tokens if on_tokens is not None else (lambda count: None)
+    progress = on_tokens if on_tokens is not None else (lambda tokens: None)
     rng = np.random.default_rng(request.seed)
     if request.method == "ar":
-        return _autoregressive(model, request.prompt, request.max_new_tokens, request.temperature, rng, stops,
-                               progress)
-    assert drafter is not None  # check_request refuses DDTree without one
-    return _ddtree(model, drafter, request.prompt, request.max_new_tokens, request.budget, request.temperature, rng,
-                   stops, progress, draft_window)
+        result = _autoregressive(model, request.prompt, request.max_new_tokens, request.temperature, rng, stops,
+                                 progress)
+    else:
+        assert drafter is not None  # check_request refuses DDTree without one
+        result = _ddtree(model, drafter, request.prompt, request.max_new_tokens, request.budget, request.temperature,
+                         rng, stops, progress, draft_window)
+    return with_text(result, tokenizer)
 
 
 def _finite(logits: np.ndarray, positions: Sequence[int] | np.ndarray, source: str) -> np.ndarray:
@@ -72,15 +78,13 @@ def _finite(logits: np.ndarray, positions: Sequence[int] | np.ndarray, source: s
 
 def _finish(tokens: list[int], max_new_tokens: int, stops: set[int]) -> tuple[list[int], bool]:
     """Cut at max_new_tokens and after the first stop token; report whether generation is over."""
-    for i, token in enumerate(tokens[:max_new_tokens]):
-        if token in stops:
-            return tokens[: i + 1], True
-    return tokens[:max_new_tokens], len(tokens) >= max_new_tokens
+    kept, stopped = cut_at_stop(tokens[:max_new_tokens], stops)
+    return kept, stopped or len(tokens) >= max_new_tokens
 
 
 def _autoregressive(model: ReferenceModel, prompt: np.ndarray, max_new_tokens: int, temperature: float,
                     rng: np.random.Generator, stops: set[int],
-                    progress: Callable[[int], None]) -> GenerationResult:
+                    progress: Callable[[list[int]], None]) -> GenerationResult:
     begin = time.perf_counter()
     cache = model.new_cache()
     tokens: list[int] = []
@@ -92,7 +96,7 @@ def _autoregressive(model: ReferenceModel, prompt: np.ndarray, max_new_tokens: i
     while True:
         tokens.append(int(target_choices(logits, temperature, rng)[0]))
         tokens, done = _finish(tokens, max_new_tokens, stops)
-        progress(len(tokens))
+        progress(tokens)
         if done:
             break
         position = cache.length
@@ -102,7 +106,7 @@ def _autoregressive(model: ReferenceModel, prompt: np.ndarray, max_new_tokens: i
 
 def _ddtree(model: ReferenceModel, drafter: ReferenceDrafter, prompt: np.ndarray, max_new_tokens: int,
             budget: int, temperature: float, rng: np.random.Generator, stops: set[int],
-            progress: Callable[[int], None], draft_window: int | None) -> GenerationResult:
+            progress: Callable[[list[int]], None], draft_window: int | None) -> GenerationResult:
     begin = time.perf_counter()
     taps = drafter.config.target_layer_ids
     if max_new_tokens == 0:
@@ -130,5 +134,5 @@ def _ddtree(model: ReferenceModel, drafter: ReferenceDrafter, prompt: np.ndarray
         start += accepted.size
         accept_lengths.append(int(accepted.size))
         tokens, done = _finish(tokens + ids[accepted[1:]].tolist() + [bonus], max_new_tokens, stops)
-        progress(len(tokens))
+        progress(tokens)
     return GenerationResult(tokens, prefill, time.perf_counter() - begin - prefill, accept_lengths)

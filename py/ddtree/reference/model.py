@@ -40,6 +40,7 @@ class ReferenceModel:
         if not isinstance(weights, Checkpoint):  # a Checkpoint was validated when opened
             _check_weights(config, weights)
         self.config = config
+        self.model_dir: Path | None = None  # the checkpoint directory (its tokenizer) of a model `load` read
         self.rope = Rope.from_config(config)
         self._weights = weights
         self._float32: dict[str, np.ndarray] = {}
@@ -48,7 +49,9 @@ class ReferenceModel:
     @classmethod
     def load(cls, model_dir: str | Path) -> ReferenceModel:
         checkpoint = open_checkpoint(model_dir)
-        return cls(checkpoint.config, checkpoint)
+        model = cls(checkpoint.config, checkpoint)
+        model.model_dir = Path(model_dir)
+        return model
 
     def new_cache(self) -> KVCache:
         cfg = self.config
