@@ -8,12 +8,12 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <map>
 #include <string>
 #include <vector>
 
 #include "common.cuh"
 #include "device_arena.h"
+#include "weight_slots.h"
 
 namespace ddtree {
 
@@ -39,7 +39,6 @@ class DrafterWeights {
     // [vocab, hidden] are the target's.
     DrafterWeights(const DrafterDims& dims, const kernels::bf16* embed, const kernels::bf16* lm_head,
                    DeviceArena& arena, cudaStream_t stream);
-    ~DrafterWeights();
     DrafterWeights(const DrafterWeights&) = delete;
     DrafterWeights& operator=(const DrafterWeights&) = delete;
 
@@ -56,22 +55,9 @@ class DrafterWeights {
     std::vector<DrafterLayerWeights> layers;
 
   private:
-    enum class Kind { kPlain, kGate, kUp };
-    struct Slot {
-        kernels::bf16* dst;
-        size_t bytes;
-        Kind kind;
-        int layer;
-        bool uploaded = false;
-    };
-    void add(const std::string& name, kernels::bf16* dst, size_t bytes, Kind kind = Kind::kPlain, int layer = -1);
-    void interleave_if_ready(int layer);
-
     DrafterDims dims_;
     cudaStream_t stream_;
-    bool counting_;
-    std::map<std::string, Slot> slots_;
-    std::vector<kernels::bf16*> gate_stage_, up_stage_;  // gate/up rows until both halves arrived
+    WeightSlots slots_;
 };
 
 }  // namespace ddtree

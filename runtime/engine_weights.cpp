@@ -1,6 +1,5 @@
 #include "engine_weights.h"
 
-#include <cmath>
 #include <stdexcept>
 
 #include "cuda_check.h"
@@ -12,6 +11,8 @@
 namespace ddtree {
 
 namespace k = ddtree::kernels;
+
+using Kind = WeightSlots::Kind;
 
 namespace {
 
@@ -35,13 +36,13 @@ size_t Weights::planned_bytes(const ModelDims& d, int max_tokens) {
 
 Weights::Weights(const ModelDims& d, int device, int max_tokens, cudaStream_t stream)
     : layers(d.layers), dims_(d), device_(device), stream_(stream), arena_(DeviceArena::Mode::kAllocate),
-      gate_stage_(d.layers), up_stage_(d.layers) {
+      slots_(d.layers, "this model (or an expert tensor)") {
     lay_out(max_tokens);
 }
 
 Weights::Weights(const ModelDims& d, int max_tokens)
     : layers(d.layers), dims_(d), device_(-1), stream_(nullptr), arena_(DeviceArena::Mode::kCount),
-      gate_stage_(d.layers), up_stage_(d.layers) {
+      slots_(d.layers, "this model (or an expert tensor)") {
     lay_out(max_tokens);
 }
 
@@ -77,7 +78,7 @@ void Weights::lay_out(int max_tokens) {
         add(layer_name(l, "self_attn.kv_a_layernorm.weight"), w.kv_a_norm, d.kv_lora * 2);
         add(layer_name(l, "self_attn.q_b_proj.weight"), w.q_b, static_cast<size_t>(d.heads) * d.qk() * d.q_lora * 2);
         add(layer_name(l, "self_attn.kv_b_proj.weight"), w.kv_b,
-            static_cast<size_t>(d.heads) * (d.nope + d.v) * d.kv_lora * 2, Kind::kKvB, l);
+            static_cast<size_t>(d.heads) * (d.nope + d.v) * d.kv_lora * 2, Kind::kDerived, l);
         add(layer_name(l, "self_attn.o_proj.weight"), w.o_proj, h * d.heads * d.v * 2);
         const bool moe = d.is_moe(l);
         const size_t mlp = moe ? d.shared_inter : d.inter;
@@ -120,52 +121,23 @@ void Weights::lay_out(int max_tokens) {
 Weights::~Weights() {
     if (arena_.counting()) return;
     cudaFree(expert_stage_);
-    for (int l = 0; l < dims_.layers; ++l) {
-        cudaFree(gate_stage_[l]);
-        cudaFree(up_stage_[l]);
-    }
 }
 
-void Weights::add(const std::string& name, void* dst, size_t bytes, Kind kind, int layer) {
-    if (arena_.counting()) return;
-    slots_.emplace(name, Slot{dst, bytes, kind, layer});
+void Weights::add(const std::string& name, void* dst, size_t bytes, WeightSlots::Kind kind, int layer) {
+    if (!arena_.counting()) slots_.add(name, dst, bytes, kind, layer);
 }
 
 void Weights::upload(const std::string& name, const void* host, size_t bytes) {
-    auto it = slots_.find(name);
-    if (it == slots_.end()) {
-        throw std::invalid_argument("tensor '" + name + "' is not a tensor of this model (or an expert tensor)");
-    }
-    Slot& slot = it->second;
-    if (bytes != slot.bytes) {
-        throw std::invalid_argument("tensor '" + name + "' has " + std::to_string(bytes) + " bytes, expected " +
-                                    std::to_string(slot.bytes));
-    }
     CUDA_CHECK(cudaSetDevice(device_));
-    switch (slot.kind) {
-        case Kind::kPlain:
-            CUDA_CHECK(cudaMemcpyAsync(slot.dst, host, bytes, cudaMemcpyHostToDevice, stream_));
-            break;
-        case Kind::kGate:
-        case Kind::kUp: {
-            auto& stage = slot.kind == Kind::kGate ? gate_stage_[slot.layer] : up_stage_[slot.layer];
-            if (stage == nullptr) CUDA_CHECK(cudaMalloc(&stage, bytes));
-            CUDA_CHECK(cudaMemcpyAsync(stage, host, bytes, cudaMemcpyHostToDevice, stream_));
-            break;
-        }
-        case Kind::kKvB: {
-            CUDA_CHECK(cudaMemcpyAsync(slot.dst, host, bytes, cudaMemcpyHostToDevice, stream_));
-            derive_w_uk_t(slot.layer);
-            break;
-        }
-    }
     // Every copy and kernel of an upload runs on the engine's stream: a plain cudaMemcpy from pageable memory
     // may return before its DMA lands, and the non-blocking stream would not wait for it (seen as weights that
     // differed between engines built from the same checkpoint).
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    slot.uploaded = true;
-    if (slot.kind == Kind::kGate || slot.kind == Kind::kUp) {
-        interleave_if_ready(slot.layer);
+    const WeightSlots::Slot& slot = slots_.upload(name, host, bytes, stream_);
+    if (slot.kind == Kind::kDerived) {
+        derive_w_uk_t(slot.layer);
+    } else if (slot.kind != Kind::kPlain) {
+        slots_.interleave_if_ready(slot.layer, layers[slot.layer].gate_up,
+                                   dims_.is_moe(slot.layer) ? dims_.shared_inter : dims_.inter, dims_.hidden, stream_);
     }
 }
 
@@ -178,19 +150,6 @@ void Weights::derive_w_uk_t(int layer) {
                                      w.kv_b + static_cast<size_t>(h) * (d.nope + d.v) * d.kv_lora, 1, d.nope,
                                      d.kv_lora, stream_));
     }
-}
-
-void Weights::interleave_if_ready(int layer) {
-    if (gate_stage_[layer] == nullptr || up_stage_[layer] == nullptr) {
-        return;
-    }
-    const int mlp = dims_.is_moe(layer) ? dims_.shared_inter : dims_.inter;
-    CUDA_CHECK(k::interleave_gate_up(layers[layer].gate_up, gate_stage_[layer], up_stage_[layer], mlp, dims_.hidden,
-                                     stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    CUDA_CHECK(cudaFree(gate_stage_[layer]));
-    CUDA_CHECK(cudaFree(up_stage_[layer]));
-    gate_stage_[layer] = up_stage_[layer] = nullptr;
 }
 
 void Weights::upload_expert(int layer, int expert, const int32_t* gate_packed, const uint16_t* gate_scale,
@@ -252,11 +211,7 @@ void Weights::randomize(uint64_t seed) {
     CUDA_CHECK(cudaSetDevice(device_));
     const ModelDims& d = dims_;
     uint64_t salt = seed * 0x9e3779b97f4a7c15ull;
-    auto fill = [&](k::bf16* p, size_t count, int fan_in) {
-        // uniform with the variance of N(0, 1/fan_in); norm weights (fan_in 0) near 1
-        const float scale = fan_in > 0 ? std::sqrt(3.f / fan_in) : 0.1f;
-        CUDA_CHECK(k::fill_random_bf16(p, count, ++salt, scale, fan_in > 0 ? 0.f : 1.f, stream_));
-    };
+    auto fill = [&](k::bf16* p, size_t count, int fan_in) { fill_random_weight(p, count, fan_in, salt, stream_); };
     const size_t h = d.hidden;
     fill(embed, d.vocab * h, 1);
     fill(final_norm, h, 0);
@@ -303,18 +258,11 @@ void Weights::randomize(uint64_t seed) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     cudaFree(expert_stage_);  // the staging of a load that randomize() ends
     expert_stage_ = nullptr;
-    for (auto& [name, slot] : slots_) slot.uploaded = true;
-    for (int l = 0; l < d.layers; ++l) {
-        cudaFree(gate_stage_[l]);
-        cudaFree(up_stage_[l]);
-        gate_stage_[l] = up_stage_[l] = nullptr;
-    }
+    slots_.mark_all_uploaded();
 }
 
 std::string Weights::missing() const {
-    for (const auto& [name, slot] : slots_) {
-        if (!slot.uploaded) return name;
-    }
+    if (std::string m = slots_.missing(); !m.empty()) return m;
     for (int l = 0; l < dims_.layers; ++l) {
         for (int e = 0; e < static_cast<int>(layers[l].expert_uploaded.size()); ++e) {
             if (!layers[l].expert_uploaded[e]) return layer_name(l, "mlp.experts.") + std::to_string(e);

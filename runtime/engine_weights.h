@@ -10,7 +10,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +19,7 @@
 #include "experts_int4.cuh"
 #include "model_dims.h"
 #include "moe_layer.h"
+#include "weight_slots.h"
 
 namespace ddtree {
 
@@ -68,28 +68,19 @@ class Weights {
     std::vector<LayerWeights> layers;
 
   private:
-    enum class Kind { kPlain, kGate, kUp, kKvB };
-    struct Slot {
-        void* dst;
-        size_t bytes;
-        Kind kind;
-        int layer;
-        bool uploaded = false;
-    };
     // The plan: lays out `dims` with every allocation counted by a counting arena and none made.
     Weights(const ModelDims& dims, int max_tokens);
     // Every weight buffer of the model, its upload slot, and each MoE layer's experts (allocated, or counted).
     void lay_out(int max_tokens);
-    void add(const std::string& name, void* dst, size_t bytes, Kind kind = Kind::kPlain, int layer = -1);
-    void interleave_if_ready(int layer);
+    void add(const std::string& name, void* dst, size_t bytes, WeightSlots::Kind kind = WeightSlots::Kind::kPlain,
+             int layer = -1);
     void derive_w_uk_t(int layer);
 
     ModelDims dims_;
     int device_;
     cudaStream_t stream_;
     DeviceArena arena_;  // a plan's only counts
-    std::map<std::string, Slot> slots_;
-    std::vector<kernels::bf16*> gate_stage_, up_stage_;  // gate/up rows until both halves arrived
+    WeightSlots slots_;
     uint8_t* expert_stage_ = nullptr;  // one expert's checkpoint bytes on the device, for the fused MoE's repack
     long experts_missing_ = 0;         // routed experts not yet uploaded (the staging is freed at zero)
 };
