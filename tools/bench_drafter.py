@@ -16,7 +16,6 @@ and drafter.png to --out.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from ddtree.drafter_engine import GpuDrafter
 from ddtree.presets import preset_config
 
 from bench_engine import median_ms
+from bench_report import pyplot, start_report
 from cuda_timing import copy_bandwidth
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -193,10 +193,7 @@ def bench(layers: int, engine: Engine, bw: float, iters: int) -> list[dict]:
 
 
 def write_reports(out: Path, report: dict) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "drafter.json").write_text(json.dumps(report, indent=2))
-    lines = [f"# GPU DFlash drafter ({report['model']})", "", f"Device: {report['device']}  ",
-             f"Copy bandwidth (measured in this run): {report['copy_bandwidth_gbs']:.0f} GB/s", "",
+    lines = start_report(out, "drafter", "GPU DFlash drafter", report) + [
              f"One draft = append of {APPENDED} context rows per stream + block forward + LM head over the B - 1 "
              "rows (top-K: the lead's kernel, not in `draft ms`). `draft ms`: the launches back to back; stage ms: "
              "eager, one launch at a time (per-operation CUDA events). Floor: drafter weights, LM head and each "
@@ -223,12 +220,8 @@ def write_reports(out: Path, report: dict) -> None:
         lines.append(f"- {r['layers']} layers, {r['streams']} x {r['context']}: "
                      + ", ".join(f"{k} {v:.3f}" for k, v in r["ops_ms"].items()))
     (out / "drafter.md").write_text("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, len(LAYERS), figsize=(6 * len(LAYERS), 4))
     for ax, layers in zip(np.atleast_1d(axes), LAYERS):

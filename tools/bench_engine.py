@@ -14,7 +14,6 @@ Writes engine.json and engine.md to --out.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,8 @@ from ddtree._native import kernels
 from ddtree.device import device_info
 from ddtree.presets import preset_config
 
-from cuda_timing import copy_bandwidth, event_seconds, median_ms
+from bench_report import start_report
+from cuda_timing import copy_bandwidth, median_ms
 
 L2_BYTES = 60 << 20
 ROWS = (1, 16, 64)
@@ -186,10 +186,7 @@ def bench_engine(cfg, streams_list=(1, 8, 16), contexts=(1024, 8192), iters: int
 
 
 def write_reports(out: Path, report: dict) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "engine.json").write_text(json.dumps(report, indent=2))
-    lines = [f"# Engine benchmark ({report['model']})", "", f"Device: {report['device']}  ",
-             f"Copy bandwidth (measured in this run): {report['copy_bandwidth_gbs']:.0f} GB/s", "",
+    lines = start_report(out, "engine", "Engine benchmark", report) + [
              "Same-size stream: the fraction of the copy bandwidth that one torch elementwise kernel reading and "
              "writing the weight's bytes reaches, timed the same way: the fixed cost of one call at that size.", "",
              "## Kernels", "",

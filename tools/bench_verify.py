@@ -19,7 +19,6 @@ verify.png to --out.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ from ddtree.presets import preset_config
 from ddtree.reference.tree import build_tree
 
 from bench_engine import median_ms
+from bench_report import pyplot, start_report
 from cuda_timing import copy_bandwidth
 
 DEPTH = 7
@@ -232,11 +232,8 @@ def bench_tree_attention(bw: float, streams: int = 16, context: int = 8192, node
 
 
 def write_reports(out: Path, report: dict) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "verify.json").write_text(json.dumps(report, indent=2))
     a = report["tree_attention"]
-    lines = [f"# Tree-verify forward ({report['model']})", "", f"Device: {report['device']}  ",
-             f"Copy bandwidth (measured in this run): {report['copy_bandwidth_gbs']:.0f} GB/s", "",
+    lines = start_report(out, "verify", "Tree-verify forward", report) + [
              "Eager forward, one launch at a time (per-operation CUDA events, mean of the timed passes after a "
              "warm-up). Floor: every weight byte read once (the routed experts the verify's own routing "
              "activates), each stream's KV read once, over the copy bandwidth. Torch peer: torch.matmul (cuBLAS) "
@@ -269,12 +266,8 @@ def write_reports(out: Path, report: dict) -> None:
               f"{a['flop_floor_ms']:.3f} ({100 * a['flop_floor_ms'] / a['ms']:.0f}%) |", "",
               f"Achieved {a['tflops']:.0f} TFLOP/s.", ""]
     (out / "verify.md").write_text("\n".join(lines))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, len(CONTEXTS), figsize=(6 * len(CONTEXTS), 4), sharey=True)
     for ax, context in zip(np.atleast_1d(axes), CONTEXTS):
