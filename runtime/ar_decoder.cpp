@@ -83,9 +83,10 @@ void ArDecoder::prefill_to_history(const std::vector<std::vector<int32_t>>& prom
     for (size_t i = 0; i < prompts.size(); ++i) {
         for (size_t p = 0; p < prompts[i].size(); ++p) rows.emplace_back(static_cast<int>(i), static_cast<int>(p));
     }
+    RowBatchBuilder batch(eager_rows_.capacity, eager_rows_.key_stride);  // one host mirror for every chunk
     for (size_t begin = 0; begin < rows.size(); begin += kPrefillRows) {
         const size_t end = std::min(rows.size(), begin + kPrefillRows);
-        RowBatchBuilder batch(eager_rows_.capacity, eager_rows_.key_stride);
+        batch.clear();
         std::vector<int> finished;  // streams whose final prompt token is in this chunk, in logit-row order
         for (size_t r = begin; r < end; ++r) {
             const auto [stream, position] = rows[r];

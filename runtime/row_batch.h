@@ -40,6 +40,11 @@ class RowBatchBuilder {
     int rows() const { return rows_; }
     int logit_rows() const { return logits_; }
     int longest() const { return longest_; }  // the most keys any row sees
+    // Empty again, to fill the next batch (only the rows added count, so the tables need no clearing).
+    void clear() {
+        rows_ = logits_ = longest_ = 0;
+        key_nodes_.clear();
+    }
 
     // A row whose keys are the stream's positions 0..position (prefill, decode).
     void add_row(int32_t id, int32_t stream, int32_t stream_base, int32_t position, bool logits);
