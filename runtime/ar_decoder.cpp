@@ -40,7 +40,7 @@ void check_generation_length(const std::vector<std::vector<int32_t>>& prompts, i
 
 DecodeState DecodeState::lay_out(int streams, int max_context, DeviceArena& arena) {
     DecodeState s;
-    s.rows = RowBatch::lay_out(streams, 1, arena);
+    s.rows = RowBatch::lay_out(streams, 0, arena);  // no tree rows: no key indirection
     // A decode row reads its keys contiguously, and its logit rows are its stream rows (n_logits == n).
     s.rows.key_start = nullptr;
     s.rows.logit_stream_ids = s.rows.stream_ids;

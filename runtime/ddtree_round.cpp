@@ -61,7 +61,7 @@ DdtreeRound::State DdtreeRound::State::lay_out(int streams, int budget, int hist
     s.reference = i32(n * history_ld);
     s.accept_log = i32(n * history_ld);
     s.oracle_scalars = arena.take<float>(kOracleScalars);
-    s.rows = RowBatch::lay_out(static_cast<int>(rows), 1, arena);
+    s.rows = RowBatch::lay_out(static_cast<int>(rows), 0, arena);
     // The verify rows read node keys through the trees' ancestors (their stride is set per depth limit); every row
     // gets logits, keyed for sampling by its own stream and position.
     s.rows.key_nodes = s.tree.ancestors;
