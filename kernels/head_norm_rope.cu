@@ -40,6 +40,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
     }
     __syncwarp();
     const int64_t dst_row = out_rows != nullptr ? out_rows[r] : r;
+    if (dst_row < 0) return;
     bf16* dst = out + dst_row * out_ld + static_cast<int64_t>(h) * head_dim;
     const int half = head_dim / 2;
     for (int e = lane; e < head_dim; e += 32) {

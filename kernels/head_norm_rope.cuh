@@ -20,7 +20,8 @@ inline bool head_norm_rope_supported(int head_dim) {
 // with norm_weight, y = norm_weight * y / sqrt(mean(y^2) + eps) (fp32); with rope.inv_freq, y is rotated at
 // positions[r] over the whole head (pairs (i, i + head_dim / 2), cos and sin times rope.attention_factor;
 // rope.rope_dim must be head_dim and rope.interleave false). The bf16 result goes to
-// out[dst * out_ld + h * head_dim + ...], dst = out_rows[r] (or r when out_rows is null).
+// out[dst * out_ld + h * head_dim + ...], dst = out_rows[r] (or r when out_rows is null); a row whose dst is
+// negative is not stored (the padding rows of a fixed-size append).
 cudaError_t head_norm_rope(bf16* out, int64_t out_ld, const int32_t* out_rows, const bf16* x, int64_t x_ld, int rows,
                            int heads, int head_dim, const bf16* norm_weight, float eps, const int32_t* positions,
                            const RopeParams& rope, cudaStream_t stream);

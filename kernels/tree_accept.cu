@@ -15,8 +15,8 @@ struct AcceptNode {
 };
 
 __global__ void __launch_bounds__(kThreads)
-    tree_accept_kernel(TreeArrays tree, const int32_t* choice, int32_t* accepted, int32_t* accept_len,
-                       int32_t* next_bonus, TreeShape shape) {
+    tree_accept_kernel(TreeArrays tree, const int32_t* choice, const int32_t* finished, int32_t* accepted,
+                       int32_t* accept_len, int32_t* next_bonus, TreeShape shape) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int rows = tree_rows(shape.budget);
     AcceptNode* node = reinterpret_cast<AcceptNode*>(smem);
@@ -38,6 +38,12 @@ __global__ void __launch_bounds__(kThreads)
 
     const int max_len = shape.depth_limit + 1;
     int32_t* path = accepted + static_cast<size_t>(s) * max_len;
+    if (finished != nullptr && finished[s] != 0) {
+        for (int j = 0; j < max_len; ++j) path[j] = kTreePad;
+        accept_len[s] = 0;
+        next_bonus[s] = node[0].token;
+        return;
+    }
     int len = 1, current = 0, steps_left = n;
     path[0] = 0;
     while (len < max_len) {
@@ -63,13 +69,13 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-cudaError_t tree_accept(const TreeArrays& tree, const int32_t* choice, int32_t* accepted, int32_t* accept_len,
-                        int32_t* next_bonus, const TreeShape& shape, cudaStream_t stream) {
+cudaError_t tree_accept(const TreeArrays& tree, const int32_t* choice, const int32_t* finished, int32_t* accepted,
+                        int32_t* accept_len, int32_t* next_bonus, const TreeShape& shape, cudaStream_t stream) {
     if (!tree_shape_valid(shape)) return cudaErrorInvalidValue;
     if (shape.streams == 0) return cudaSuccess;
     const size_t smem = static_cast<size_t>(tree_rows(shape.budget)) * (sizeof(AcceptNode) + 2 * sizeof(int32_t));
     return launch_dependent(tree_accept_kernel, dim3(shape.streams), dim3(kThreads), smem, stream, tree, choice,
-                            accepted, accept_len, next_bonus, shape);
+                            finished, accepted, accept_len, next_bonus, shape);
 }
 
 }  // namespace ddtree::kernels

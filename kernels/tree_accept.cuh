@@ -15,7 +15,9 @@ namespace ddtree::kernels {
 // choice int32 [streams, N + 1] is the target's token at every node. Writes accepted int32 [streams, L + 1]
 // (node indices root first, -1 past the end), accept_len int32 [streams] (>= 1, the root counted) and next_bonus
 // int32 [streams]. A walk stops at L + 1 nodes (on a malformed tree; a built one is never deeper than L).
-cudaError_t tree_accept(const TreeArrays& tree, const int32_t* choice, int32_t* accepted, int32_t* accept_len,
-                        int32_t* next_bonus, const TreeShape& shape, cudaStream_t stream);
+// A stream whose `finished` flag is set (finished may be null: none is) accepts nothing: accept_len 0, so the
+// commit moves nothing and the stream's state stays as it was (a round of a finished stream changes nothing).
+cudaError_t tree_accept(const TreeArrays& tree, const int32_t* choice, const int32_t* finished, int32_t* accepted,
+                        int32_t* accept_len, int32_t* next_bonus, const TreeShape& shape, cudaStream_t stream);
 
 }  // namespace ddtree::kernels

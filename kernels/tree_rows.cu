@@ -21,27 +21,38 @@ __global__ void tree_verify_rows_kernel(VerifyRowTables rows, TreeArrays tree, c
     }
 }
 
-__global__ void commit_round_tokens_kernel(int32_t* history, int32_t* accept_log, int history_ld, int32_t* count,
-                                           int32_t* rounds, int32_t* bonus, const int32_t* tree_tokens,
-                                           const int32_t* accepted, const int32_t* accept_len,
-                                           const int32_t* next_bonus, int per_stream, int accepted_ld) {
+__global__ void commit_round_tokens_kernel(RoundTokens out, const int32_t* tree_tokens, const int32_t* accepted,
+                                           const int32_t* accept_len, const int32_t* next_bonus, int per_stream,
+                                           int accepted_ld) {
+    __shared__ int stopped;
     const int s = blockIdx.x;
-    const int a = accept_len[s], at = count[s];
+    const int a = accept_len[s], at = out.count[s], max_tokens = out.limits[0];
+    if (a <= 0) return;
+    const int n_stops = min(max(out.limits[1], 0), kRoundMaxStopIds);
+    if (threadIdx.x == 0) stopped = 0;
+    __syncthreads();
+    const int64_t row = static_cast<int64_t>(s) * out.history_ld;
     for (int j = threadIdx.x; j < a; j += blockDim.x) {
         // accepted[s][0] is the root (committed last round); the j-th new token is node accepted[s][j + 1]'s,
         // and the last is the next bonus.
         const int32_t token = j + 1 < a ? tree_tokens[static_cast<int64_t>(s) * per_stream +
                                                       accepted[static_cast<int64_t>(s) * accepted_ld + j + 1]]
                                         : next_bonus[s];
-        if (at + j < history_ld) history[static_cast<int64_t>(s) * history_ld + at + j] = token;
+        if (at + j < out.history_ld) out.history[row + at + j] = token;
+        if (at + j < max_tokens) {
+            for (int i = 0; i < n_stops; ++i) {
+                if (out.limits[2 + i] == token) stopped = 1;
+            }
+        }
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        const int round = rounds[s];
-        if (round < history_ld) accept_log[static_cast<int64_t>(s) * history_ld + round] = a;
-        rounds[s] = round + 1;
-        count[s] = at + a;
-        bonus[s] = next_bonus[s];
+        const int round = out.rounds[s];
+        if (round < out.history_ld) out.accept_log[row + round] = a;
+        out.rounds[s] = round + 1;
+        out.count[s] = at + a;
+        out.bonus[s] = next_bonus[s];
+        if (stopped || at + a >= max_tokens) out.finished[s] = 1;
     }
 }
 
@@ -57,16 +68,13 @@ cudaError_t tree_verify_rows(const VerifyRowTables& rows, const TreeArrays& tree
     return cudaGetLastError();
 }
 
-cudaError_t commit_round_tokens(int32_t* history, int32_t* accept_log, int history_ld, int32_t* count,
-                                int32_t* rounds, int32_t* bonus, const int32_t* tree_tokens, const int32_t* accepted,
+cudaError_t commit_round_tokens(const RoundTokens& out, const int32_t* tree_tokens, const int32_t* accepted,
                                 const int32_t* accept_len, const int32_t* next_bonus, const TreeShape& shape,
                                 cudaStream_t stream) {
-    if (!tree_shape_valid(shape) || history_ld < 1) return cudaErrorInvalidValue;
+    if (!tree_shape_valid(shape) || out.history_ld < 1) return cudaErrorInvalidValue;
     if (shape.streams == 0) return cudaSuccess;
-    commit_round_tokens_kernel<<<shape.streams, 32, 0, stream>>>(history, accept_log, history_ld, count, rounds,
-                                                                 bonus, tree_tokens, accepted, accept_len,
-                                                                 next_bonus, tree_rows(shape.budget),
-                                                                 shape.depth_limit + 1);
+    commit_round_tokens_kernel<<<shape.streams, 32, 0, stream>>>(out, tree_tokens, accepted, accept_len, next_bonus,
+                                                                 tree_rows(shape.budget), shape.depth_limit + 1);
     return cudaGetLastError();
 }
 

@@ -28,11 +28,27 @@ cudaError_t tree_verify_rows(const VerifyRowTables& rows, const TreeArrays& tree
                              const int32_t* stream_base, const int32_t* stream_ids_in, const TreeShape& shape,
                              cudaStream_t stream);
 
+// Each stream's committed tokens and whether it is finished, [streams] unless noted. `limits` is device memory,
+// so one captured round serves every request: limits[0] = the tokens a stream generates at most, limits[1] = the
+// number of stop ids (<= kRoundMaxStopIds), limits[2 ..] the stop ids.
+constexpr int kRoundMaxStopIds = 64;
+constexpr int kRoundLimitsInts = 2 + kRoundMaxStopIds;
+struct RoundTokens {
+    int32_t* history;     // [streams, history_ld]
+    int32_t* accept_log;  // [streams, history_ld]: a per round
+    int history_ld;
+    int32_t* count;     // tokens so far
+    int32_t* rounds;    // rounds that committed tokens
+    int32_t* bonus;     // the next round's root
+    int32_t* finished;  // set once count >= limits[0] or a stop id is among the first limits[0] tokens
+    const int32_t* limits;
+};
+
 // After tree_accept: stream s commits the tokens of its accepted nodes below the root and the next bonus, a =
 // accept_len[s] tokens, at history[s][count[s] ..], logs a at accept_log[s][rounds[s]] (columns past history_ld - 1
-// of either are dropped), then count[s] += a, rounds[s] += 1 and bonus[s] = next_bonus[s].
-cudaError_t commit_round_tokens(int32_t* history, int32_t* accept_log, int history_ld, int32_t* count,
-                                int32_t* rounds, int32_t* bonus, const int32_t* tree_tokens, const int32_t* accepted,
+// of either are dropped), then count[s] += a, rounds[s] += 1, bonus[s] = next_bonus[s], and marks the stream
+// finished as RoundTokens says. A stream that accepted nothing (a finished one) is left as it is.
+cudaError_t commit_round_tokens(const RoundTokens& out, const int32_t* tree_tokens, const int32_t* accepted,
                                 const int32_t* accept_len, const int32_t* next_bonus, const TreeShape& shape,
                                 cudaStream_t stream);
 

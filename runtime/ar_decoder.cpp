@@ -55,7 +55,7 @@ ArDecoder::ArDecoder(TargetModel& model, const LatentCache& cache, const RowBatc
     : model_(model), cache_(cache), eager_rows_(eager_rows), state_(state) {}
 
 void ArDecoder::prefill_to_history(const std::vector<std::vector<int32_t>>& prompts, float temperature,
-                                   uint64_t seed) {
+                                   uint64_t seed, const PrefillTaps* taps) {
     const int vocab = model_.dims().vocab;
     if (prompts.empty() || static_cast<int>(prompts.size()) > cache_.streams()) {
         throw std::invalid_argument("prompts: 1.." + std::to_string(cache_.streams()) + " prompts, got " +
@@ -95,8 +95,16 @@ void ArDecoder::prefill_to_history(const std::vector<std::vector<int32_t>>& prom
             if (last) finished.push_back(stream);
         }
         batch.upload(eager_rows_, s);
-        model_.forward(eager_rows_, batch.rows(), batch.logit_rows(), cache_.attention_span(batch.longest()), {},
+        ForwardOutputs outputs;
+        if (taps != nullptr) {
+            outputs = taps->outputs;
+            outputs.n_tap_rows = batch.rows();
+        }
+        model_.forward(eager_rows_, batch.rows(), batch.logit_rows(), cache_.attention_span(batch.longest()), outputs,
                        nullptr);
+        if (taps != nullptr) {
+            taps->consume(std::vector<std::pair<int, int>>(rows.begin() + begin, rows.begin() + end));
+        }
         if (finished.empty()) continue;
         model_.sample(eager_rows_, batch.logit_rows());
         for (size_t j = 0; j < finished.size(); ++j) {

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -35,6 +36,14 @@ struct Generation {
     double prefill_seconds = 0.0, decode_seconds = 0.0;  // device time (CUDA events) of the two phases
 };
 
+// What a prefill also hands on, chunk by chunk: the taps of `outputs` (its tap_rows must list rows 0 .. kPrefillRows
+// - 1; n_tap_rows is set per chunk) for every prompt row, then consume(rows) with the chunk's (stream, position)
+// rows in tap order. The DDTree round appends them to the drafter's context.
+struct PrefillTaps {
+    ForwardOutputs outputs;
+    std::function<void(const std::vector<std::pair<int, int>>& rows)> consume;
+};
+
 class ArDecoder {
   public:
     static constexpr int kPrefillRows = 64;  // rows per prefill forward (one GEMM token block)
@@ -51,8 +60,8 @@ class ArDecoder {
     // Prefills the prompts (checked) and leaves each stream's first token in column 0 of the device history, whose
     // rows are history_ld() apart (the DDTree round starts from there).
     const int32_t* prefill_first_tokens(const std::vector<std::vector<int32_t>>& prompts, float temperature,
-                                        uint64_t seed) {
-        prefill_to_history(prompts, temperature, seed);
+                                        uint64_t seed, const PrefillTaps* taps = nullptr) {
+        prefill_to_history(prompts, temperature, seed, taps);
         return state_.history;
     }
     int history_ld() const { return cache_.max_context(); }
@@ -67,7 +76,8 @@ class ArDecoder {
 
   private:
     // Prefills the prompts (checked) and writes each stream's first token into history column 0 on the device.
-    void prefill_to_history(const std::vector<std::vector<int32_t>>& prompts, float temperature, uint64_t seed);
+    void prefill_to_history(const std::vector<std::vector<int32_t>>& prompts, float temperature, uint64_t seed,
+                            const PrefillTaps* taps = nullptr);
     // Decode rows of streams 0..n-1 at `positions`, their ids from `ids`, or from history column 0 when null; the
     // next step writes history column `step`.
     void set_decode_state(const std::vector<int32_t>& positions, const std::vector<int32_t>* ids, int32_t step);

@@ -26,7 +26,14 @@ T field(const nb::dict& d, const char* key) {
     return config_field<T>(d, "drafter config", key);
 }
 
-// By field name: a dict built from the drafter's config.json (ddtree.drafter_engine.drafter_dims).
+std::vector<std::pair<std::string, double>> profile(EagerDrafter& e, const std::vector<int32_t>& streams,
+                                                    const std::vector<int32_t>& bonus, int iters) {
+    nb::gil_scoped_release release;
+    return e.profile_round(streams, bonus, iters);
+}
+
+}  // namespace
+
 DrafterDims parse_drafter_dims(const nb::dict& d) {
     DrafterDims m;
     m.hidden = field<int>(d, "hidden");
@@ -42,14 +49,6 @@ DrafterDims parse_drafter_dims(const nb::dict& d) {
     m.rms_eps = field<float>(d, "rms_eps");
     return m;
 }
-
-std::vector<std::pair<std::string, double>> profile(EagerDrafter& e, const std::vector<int32_t>& streams,
-                                                    const std::vector<int32_t>& bonus, int iters) {
-    nb::gil_scoped_release release;
-    return e.profile_round(streams, bonus, iters);
-}
-
-}  // namespace
 
 void bind_drafter(nb::module_& m) {
     nb::class_<EagerDrafter>(m, "Drafter", "The DFlash drafter on the GPU of an Engine (see ddtree.drafter_engine)")

@@ -2,14 +2,18 @@
 // host numpy views (no copies on the Python side), prefill/decode, and the test/benchmark entry points.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
+
+#include <optional>
 
 #include <utility>
 
 #include "bindings.h"
 #include "engine.h"
+#include "tree_rows.cuh"
 #include "tensor_args.h"
 
 namespace nb = nanobind;
@@ -68,12 +72,25 @@ void bind_engine(nb::module_& m) {
         .def(
             "__init__",
             [](Engine* self, const nb::dict& dims, const std::vector<float>& inv_freq, float attention_factor,
-               bool interleave, int streams, int max_context, int budget, int device) {
+               bool interleave, int streams, int max_context, int budget, int device,
+               const std::optional<nb::dict>& drafter) {
+                std::optional<DrafterSpec> spec;
+                if (drafter) {
+                    const nb::dict& d = *drafter;
+                    spec = DrafterSpec{parse_drafter_dims(nb::cast<nb::dict>(d["dims"])),
+                                       RopeTable{nb::cast<std::vector<float>>(d["inv_freq"]),
+                                                 nb::cast<float>(d["attention_factor"]), false},
+                                       nb::cast<std::vector<int>>(d["tap_layers"]), nb::cast<int>(d["window"])};
+                }
                 new (self) Engine(parse_dims(dims), RopeTable{inv_freq, attention_factor, interleave}, streams,
-                                  max_context, budget, device);
+                                  max_context, budget, device, spec ? &*spec : nullptr);
             },
             nb::arg("dims"), nb::arg("inv_freq"), nb::arg("attention_factor"), nb::arg("interleave"),
-            nb::arg("streams"), nb::arg("max_context"), nb::arg("budget"), nb::arg("device"))
+            nb::arg("streams"), nb::arg("max_context"), nb::arg("budget"), nb::arg("device"),
+            nb::arg("drafter") = nb::none(),
+            "drafter: None, or a dict of dims (ddtree.drafter_engine.drafter_dims), inv_freq, attention_factor, "
+            "tap_layers (the target layers of its context) and window (0: unbounded).")
+        .def_prop_ro("has_drafter", &Engine::has_drafter)
         .def_prop_ro("streams", &Engine::streams)
         .def_prop_ro("max_context", &Engine::max_context)
         .def_prop_ro("budget", &Engine::max_budget)
@@ -107,6 +124,19 @@ void bind_engine(nb::module_& m) {
             },
             nb::arg("layer"), nb::arg("expert"), nb::arg("gate_packed"), nb::arg("gate_scale"), nb::arg("up_packed"),
             nb::arg("up_scale"), nb::arg("down_packed"), nb::arg("down_scale"))
+        .def(
+            "upload_drafter",
+            [](Engine& e, const std::string& name, HostArray a) {
+                DrafterWeights& w = e.drafter_weights();
+                const void* data = a.data();
+                const size_t bytes = a.nbytes();
+                nb::gil_scoped_release release;
+                w.upload(name, data, bytes);
+            },
+            nb::arg("name"), nb::arg("array"), "Copy one drafter tensor (its checkpoint name) to the device.")
+        .def("randomize_drafter", [](Engine& e, uint64_t seed) { e.drafter_weights().randomize(seed); },
+             nb::arg("seed"), nb::call_guard<nb::gil_scoped_release>())
+        .def("drafter_missing", [](Engine& e) { return e.drafter_weights().missing(); })
         .def("randomize_weights", [](Engine& e, uint64_t seed) { e.weights().randomize(seed); }, nb::arg("seed"),
              nb::call_guard<nb::gil_scoped_release>())
         .def("missing", [](Engine& e) { return e.weights().missing(); })
@@ -152,24 +182,54 @@ void bind_engine(nb::module_& m) {
             "fp32 logits [nodes, vocab] (trees in order, root first), bf16 bits [nodes, taps * hidden] of the "
             "residual stream after each of tap_layers, and (with_routing) int32 [moe layers, nodes, topk] experts.")
         .def(
-            "generate_oracle",
+            "generate_ddtree",
             [](Engine& e, const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens, float temperature,
-               uint64_t seed, const std::vector<std::vector<int32_t>>& reference, const std::vector<float>& hit,
-               uint64_t oracle_seed, int budget, int depth_limit, int width) {
+               uint64_t seed, int budget, const std::vector<int32_t>& stop_ids, bool profile,
+               const std::optional<std::vector<std::vector<int32_t>>>& reference,
+               const std::optional<std::vector<float>>& hit, uint64_t oracle_seed, int depth_limit, int width) {
+                if (reference.has_value() != hit.has_value()) {
+                    throw nb::value_error("reference and hit: the oracle needs both (or neither)");
+                }
+                OracleRequest oracle;
+                RoundRequest r;
+                r.prompts = prompts;
+                r.max_new_tokens = max_new_tokens;
+                r.temperature = temperature;
+                r.seed = seed;
+                r.budget = budget;
+                r.stop_ids = stop_ids;
+                r.profile = profile;
+                r.depth_limit = depth_limit;
+                r.width = width;
+                if (reference) {
+                    oracle = OracleRequest{*reference, *hit, oracle_seed};
+                    r.oracle = &oracle;
+                }
                 TreeGeneration g;
                 {
                     nb::gil_scoped_release release;
-                    g = e.generate_oracle(prompts, max_new_tokens, temperature, seed,
-                                          OracleRequest{reference, hit, oracle_seed}, budget, depth_limit, width);
+                    g = e.generate_ddtree(r);
                 }
-                return nb::make_tuple(g.tokens, g.accept_lengths, g.rounds, g.prefill_seconds, g.decode_seconds);
+                nb::dict out;
+                out["tokens"] = nb::cast(g.tokens);
+                out["accept_lengths"] = nb::cast(g.accept_lengths);
+                out["rounds"] = nb::cast(g.rounds);
+                out["prefill_seconds"] = nb::cast(g.prefill_seconds);
+                out["decode_seconds"] = nb::cast(g.decode_seconds);
+                out["host_seconds_per_round"] = nb::cast(g.host_seconds_per_round);
+                out["stages"] = nb::cast(g.stages);
+                return out;
             },
-            nb::arg("prompts"), nb::arg("max_new_tokens"), nb::arg("temperature"), nb::arg("seed"),
-            nb::arg("reference"), nb::arg("hit"), nb::arg("oracle_seed"), nb::arg("budget"), nb::arg("depth_limit"),
-            nb::arg("width"),
-            "DDTree generation on the GPU whose draft candidates come from an oracle (tests and benchmarks only): "
-            "at depth d the stream's `reference` continuation is a candidate with probability hit[d - 1]. Returns "
-            "(tokens [prompts][max_new_tokens], accept lengths per round, rounds, prefill s, decode s).")
+            nb::arg("prompts"), nb::arg("max_new_tokens"), nb::arg("temperature"), nb::arg("seed"), nb::arg("budget"),
+            nb::arg("stop_ids") = std::vector<int32_t>{}, nb::arg("profile") = false,
+            nb::arg("reference") = nb::none(), nb::arg("hit") = nb::none(), nb::arg("oracle_seed") = 0,
+            nb::arg("depth_limit") = 0, nb::arg("width") = 0,
+            "DDTree generation on the GPU with the engine's drafter. With reference and hit, an oracle replaces the "
+            "drafter's candidates (tests and benchmarks only): at depth d the stream's `reference` continuation is "
+            "a candidate with probability hit[d - 1]; an engine without a drafter then takes depth_limit and width "
+            "(candidates per depth). profile: eager rounds with per-stage device time. Returns a dict: tokens "
+            "[prompts][<= max_new_tokens], accept_lengths per round, rounds, prefill_seconds, decode_seconds, "
+            "host_seconds_per_round, stages [(name, seconds summed over rounds)].")
         .def(
             "profile_verify",
             [](Engine& e, const std::vector<int32_t>& streams, const std::vector<int32_t>& starts,
@@ -213,6 +273,7 @@ void bind_engine(nb::module_& m) {
              "Device seconds per operation of one eager decode step, the sampler at `temperature`.");
 
     m.attr("MAX_BUDGET") = kernels::kTreeMaxBudget;
+    m.attr("MAX_STOP_IDS") = kernels::kRoundMaxStopIds;
 
     nb::module_ kernels = nb::borrow<nb::module_>(m.attr("kernels"));
     bind_engine_kernels(kernels);

@@ -87,7 +87,7 @@ void tree_accept(CudaArray accepted, CudaArray accept_len, CudaArray next_bonus,
     tree.first_child = checked<int32_t>(first_child, "first_child", DType::i32, {s, rows});
     tree.next_sibling = checked<int32_t>(next_sibling, "next_sibling", DType::i32, {s, rows});
     tree.node_count = checked<int32_t>(node_count, "node_count", DType::i32, {s});
-    CUDA_CHECK(k::tree_accept(tree, checked<const int32_t>(choice, "choice", DType::i32, {s, rows}),
+    CUDA_CHECK(k::tree_accept(tree, checked<const int32_t>(choice, "choice", DType::i32, {s, rows}), nullptr,
                               checked<int32_t>(accepted, "accepted", DType::i32, {s, shape.depth_limit + 1}),
                               checked<int32_t>(accept_len, "accept_len", DType::i32, {s}),
                               checked<int32_t>(next_bonus, "next_bonus", DType::i32, {s}), shape,

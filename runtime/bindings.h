@@ -3,7 +3,12 @@
 #include <cuda_runtime.h>
 #include <nanobind/nanobind.h>
 
+#include "drafter_weights.h"
+
 namespace ddtree {
+
+// Drafter dims by field name from a dict built from the drafter's config.json (ddtree.drafter_engine.drafter_dims).
+DrafterDims parse_drafter_dims(const nanobind::dict& d);
 
 // Stream the kernel-level entry points launch on (0: the legacy default stream). Benchmarks point it at a torch
 // stream (kernels.use_stream) to capture the launches into a CUDA graph.

@@ -1,12 +1,17 @@
 #include "ddtree_round.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 #include <string>
 
+#include "compact_slots.cuh"
 #include "cuda_check.h"
+#include "draft_rows.cuh"
 #include "op_timeline.h"
+#include "topk.cuh"
 #include "tree_accept.cuh"
 #include "tree_build.cuh"
 #include "tree_commit.cuh"
@@ -18,31 +23,30 @@ namespace k = ddtree::kernels;
 
 namespace {
 
-// Pinned host memory of `count` int32 that the device copies into while the host goes on (freed unchecked).
-class PinnedInts {
-  public:
-    explicit PinnedInts(size_t count) { CUDA_CHECK(cudaMallocHost(&p_, std::max<size_t>(count, 1) * 4)); }
-    ~PinnedInts() { cudaFreeHost(p_); }
-    PinnedInts(const PinnedInts&) = delete;
-    PinnedInts& operator=(const PinnedInts&) = delete;
-    int32_t* data() const { return p_; }
-
-  private:
-    int32_t* p_ = nullptr;
-};
+// Ints of one stream's pinned output: history row, accept-log row, count, rounds.
+size_t output_ints(int history_ld) { return 2 * static_cast<size_t>(history_ld) + 2; }
 
 }  // namespace
 
-DdtreeRound::State DdtreeRound::State::lay_out(int streams, int budget, int history_ld, DeviceArena& arena) {
+int DdtreeRound::max_append_rows(int streams, int block) {
+    return std::max(streams * block, ArDecoder::kPrefillRows);  // a round's L + 1 = block rows, or a prefill chunk
+}
+
+DdtreeRound::State DdtreeRound::State::lay_out(int streams, int budget, int history_ld, int draft_block,
+                                               int tap_width, DeviceArena& arena) {
     State s{};
     const size_t n = streams, rows = static_cast<size_t>(streams) * k::tree_rows(budget);
     const size_t paths = k::kTreeMaxDepth + 1, depths = k::kTreeMaxDepth;
     auto i32 = [&](size_t count) { return arena.take<int32_t>(count); };
     s.start = i32(n);
     s.bonus = i32(n);
-    s.count = i32(2 * n);  // tokens so far, then rounds so far
+    s.count = i32(n);
+    s.rounds = i32(n);
     s.stream_base = i32(n);
     s.stream_ids = i32(n);
+    s.finished = i32(n);
+    s.limits = i32(k::kRoundLimitsInts);
+    s.keep = i32(n);
     s.tree = k::TreeArrays{i32(rows),
                            i32(rows),
                            i32(rows),
@@ -58,8 +62,8 @@ DdtreeRound::State DdtreeRound::State::lay_out(int streams, int budget, int hist
     s.accept_len = i32(n);
     s.next_bonus = i32(n);
     s.history = i32(n * history_ld);
-    s.reference = i32(n * history_ld);
     s.accept_log = i32(n * history_ld);
+    s.reference = i32(n * history_ld);
     s.oracle_scalars = arena.take<float>(kOracleScalars);
     s.rows = RowBatch::lay_out(static_cast<int>(rows), 0, arena);
     // The verify rows read node keys through the trees' ancestors (their stride is set per depth limit); every row
@@ -68,53 +72,144 @@ DdtreeRound::State DdtreeRound::State::lay_out(int streams, int budget, int hist
     s.rows.logit_stream_ids = s.rows.stream_ids;
     s.rows.logit_positions = s.rows.positions;
     s.history_ld = history_ld;
+    if (draft_block > 0) {
+        // Taps of every verify row, or of one prefill chunk.
+        s.tap_rows = std::max(static_cast<int>(rows), ArDecoder::kPrefillRows);
+        s.max_append = max_append_rows(streams, draft_block);
+        s.taps = arena.take<k::bf16>(static_cast<size_t>(s.tap_rows) * tap_width);
+        s.context = arena.take<k::bf16>(n * draft_block * tap_width);
+        s.tap_index = i32(s.tap_rows);
+        s.block_ids = i32(n * draft_block);
+        s.block_positions = i32(n * draft_block);
+        s.head_rows = i32(n * (draft_block - 1));
+        s.append_positions = i32(s.max_append);
+        s.append_slots = i32(s.max_append);
+    }
     return s;
 }
 
 DdtreeRound::DdtreeRound(TargetModel& model, const LatentCache& cache, ArDecoder& decoder, int max_budget,
-                         const State& state)
-    : model_(model), cache_(cache), decoder_(decoder), max_budget_(max_budget), state_(state) {}
+                         const State& state, RoundDrafter drafter)
+    : model_(model), cache_(cache), decoder_(decoder), max_budget_(max_budget), state_(state),
+      drafter_(std::move(drafter)) {
+    const int n = cache_.streams();
+    CUDA_CHECK(cudaMallocHost(&pinned_, (n * output_ints(state_.history_ld) + 2 * static_cast<size_t>(n)) * 4));
+    if (has_drafter()) {
+        // Fixed tables: tap row i is verify (or prefill) row i; block row s * B + 1 + d has the logits of depth d + 1.
+        const int block = drafter_.model->dims().block;
+        std::vector<int32_t> index(state_.tap_rows), head(static_cast<size_t>(n) * (block - 1));
+        for (int i = 0; i < state_.tap_rows; ++i) index[i] = i;
+        for (int s = 0; s < n; ++s) {
+            for (int d = 0; d < block - 1; ++d) head[static_cast<size_t>(s) * (block - 1) + d] = s * block + 1 + d;
+        }
+        cudaStream_t s = model_.stream();
+        CUDA_CHECK(cudaMemcpyAsync(state_.tap_index, index.data(), index.size() * 4, cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(cudaMemcpyAsync(state_.head_rows, head.data(), head.size() * 4, cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
+    }
+}
 
-void DdtreeRound::record_round(const RoundKey& key, const k::OracleDraft& oracle) {
+DdtreeRound::~DdtreeRound() { cudaFreeHost(pinned_); }
+
+void DdtreeRound::record_round(const RoundKey& key, OpTimeline* timeline) {
     cudaStream_t s = model_.stream();
     const k::TreeShape shape{key.streams, key.budget, key.depth_limit};
     const int n = key.streams, rows = n * k::tree_rows(key.budget), width = key.width;
     const State& st = state_;
+    auto stage = [&](const char* name, auto&& launch) { timed_op(timeline, name, launch); };
+    DrafterModel* drafter = drafter_.model;
+    if (drafter != nullptr) {
+        const DrafterDims& d = drafter->dims();
+        stage("draft", [&] {
+            CUDA_CHECK(k::draft_block_rows(st.block_ids, st.block_positions, st.bonus, st.start, n, d.block,
+                                           d.mask_token, s));
+            drafter->block_forward({st.block_ids, st.block_positions, st.stream_ids, st.start, st.head_rows, n,
+                                    key.draft_span},
+                                   nullptr);
+        });
+        stage("draft_topk", [&] {
+            CUDA_CHECK(k::topk_log_softmax(st.log_probs, st.token_ids, drafter->logits(), d.vocab,
+                                           n * key.depth_limit, d.vocab, width, s));
+        });
+    }
+    if (key.oracle) {
+        stage("oracle", [&] {
+            CUDA_CHECK(k::oracle_draft(st.log_probs, st.token_ids, width, st.count, oracle_, shape, s));
+        });
+    }
+    stage("tree_build", [&] {
+        CUDA_CHECK(k::tree_build({st.log_probs, st.token_ids, width, st.start, st.bonus}, st.tree, shape, s));
+    });
     RowBatch verify = st.rows;
     verify.key_stride = key.depth_limit + 1;  // the ancestors' stride at this depth limit
-    CUDA_CHECK(k::oracle_draft(st.log_probs, st.token_ids, width, st.count, oracle, shape, s));
-    CUDA_CHECK(k::tree_build({st.log_probs, st.token_ids, width, st.start, st.bonus}, st.tree, shape, s));
-    const k::VerifyRowTables tables{verify.ids,   verify.positions,  verify.kv_start, verify.kv_len,
-                                    verify.slots, verify.stream_ids, verify.key_start};
-    CUDA_CHECK(k::tree_verify_rows(tables, st.tree, st.start, st.stream_base, st.stream_ids, shape, s));
-    model_.forward(verify, rows, rows, key.span, {}, nullptr);
-    model_.sample(verify, rows);
-    CUDA_CHECK(k::tree_accept(st.tree, model_.tokens(), st.accepted, st.accept_len, st.next_bonus, shape, s));
-    const k::LatentCache latent{cache_.layer(0), model_.dims().layers, static_cast<int>(cache_.layer_rows()),
-                                model_.dims().latent_row()};
-    CUDA_CHECK(k::tree_commit(latent, {nullptr, nullptr, 0}, st.stream_base, st.start, st.accepted, st.accept_len,
-                              shape, s));
-    CUDA_CHECK(k::commit_round_tokens(st.history, st.accept_log, st.history_ld, st.count, st.count + n, st.bonus,
-                                      st.tree.tokens, st.accepted, st.accept_len, st.next_bonus, shape, s));
+    stage("verify_rows", [&] {
+        const k::VerifyRowTables tables{verify.ids,   verify.positions,  verify.kv_start, verify.kv_len,
+                                        verify.slots, verify.stream_ids, verify.key_start};
+        CUDA_CHECK(k::tree_verify_rows(tables, st.tree, st.start, st.stream_base, st.stream_ids, shape, s));
+    });
+    ForwardOutputs outputs;
+    if (drafter != nullptr) {
+        outputs.tap_layers = drafter_.tap_layers;
+        outputs.tap_rows = st.tap_index;
+        outputs.n_tap_rows = rows;
+        outputs.taps = st.taps;
+    }
+    stage("verify", [&] { model_.forward(verify, rows, rows, key.span, outputs, nullptr); });
+    stage("sample", [&] { model_.sample(verify, rows); });
+    stage("accept", [&] {
+        CUDA_CHECK(k::tree_accept(st.tree, model_.tokens(), st.finished, st.accepted, st.accept_len, st.next_bonus,
+                                  shape, s));
+    });
+    stage("commit", [&] {
+        const k::LatentCache latent{cache_.layer(0), model_.dims().layers, static_cast<int>(cache_.layer_rows()),
+                                    model_.dims().latent_row()};
+        const k::TapGather gather{drafter != nullptr ? st.taps : nullptr, st.context,
+                                  drafter != nullptr ? drafter->dims().context_width() : 0};
+        CUDA_CHECK(k::tree_commit(latent, gather, st.stream_base, st.start, st.accepted, st.accept_len, shape, s));
+        const k::RoundTokens tokens{st.history, st.accept_log, st.history_ld, st.count, st.rounds,
+                                    st.bonus,   st.finished,   st.limits};
+        CUDA_CHECK(k::commit_round_tokens(tokens, st.tree.tokens, st.accepted, st.accept_len, st.next_bonus, shape, s));
+    });
+    if (drafter != nullptr) {
+        stage("draft_append", [&] {
+            const int per_stream = key.depth_limit + 1;
+            CUDA_CHECK(k::draft_append_rows(st.append_positions, st.append_slots, st.start, st.accept_len,
+                                            st.stream_ids, n, per_stream, drafter->cache().capacity(), s));
+            drafter->append({st.context, st.append_positions, st.append_slots, n * per_stream}, nullptr);
+        });
+    }
 }
 
-TreeGeneration DdtreeRound::generate_oracle(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
-                                            float temperature, uint64_t seed, const OracleRequest& oracle, int budget,
-                                            int depth_limit, int width) {
-    const int n = static_cast<int>(prompts.size());
+void DdtreeRound::check(const RoundRequest& r, int depth_limit, int width) const {
+    const int n = static_cast<int>(r.prompts.size());
     const int vocab = model_.dims().vocab;
-    if (budget < 1 || budget > max_budget_) {
+    if (r.budget < 1 || r.budget > max_budget_) {
         throw std::invalid_argument("budget must be in 1.." + std::to_string(max_budget_) + " (the engine's), got " +
-                                    std::to_string(budget));
+                                    std::to_string(r.budget));
     }
     if (depth_limit < 1 || depth_limit > k::kTreeMaxDepth) {
         throw std::invalid_argument("depth_limit must be in 1.." + std::to_string(k::kTreeMaxDepth) + ", got " +
                                     std::to_string(depth_limit));
     }
-    if (width < 1 || width > budget || width >= vocab) {
+    if (width < 1 || width > r.budget || width > k::kTopkMax || (r.oracle != nullptr && width >= vocab)) {
         throw std::invalid_argument("width: the oracle's candidates per depth must be 1..budget (" +
-                                    std::to_string(budget) + ") and below the vocabulary");
+                                    std::to_string(r.budget) + ") and below the vocabulary");
     }
+    if (static_cast<int>(r.stop_ids.size()) > k::kRoundMaxStopIds) {
+        throw std::invalid_argument("stop_token_ids: at most " + std::to_string(k::kRoundMaxStopIds) + " ids, got " +
+                                    std::to_string(r.stop_ids.size()));
+    }
+    for (const int32_t id : r.stop_ids) {
+        if (id < 0 || id >= vocab) {
+            throw std::invalid_argument("stop_token_ids: " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                        std::to_string(vocab) + ")");
+        }
+    }
+    if (r.oracle == nullptr) {
+        if (!has_drafter()) throw std::invalid_argument("the engine has no drafter: DDTree needs one (or an oracle)");
+        return;
+    }
+    const OracleRequest& oracle = *r.oracle;
     if (static_cast<int>(oracle.hit.size()) != depth_limit ||
         !std::all_of(oracle.hit.begin(), oracle.hit.end(), [](float p) { return p >= 0.f && p <= 1.f; })) {
         throw std::invalid_argument("hit: the oracle profile needs one probability in [0, 1] per depth (" +
@@ -123,18 +218,48 @@ TreeGeneration DdtreeRound::generate_oracle(const std::vector<std::vector<int32_
     if (static_cast<int>(oracle.reference.size()) != n) {
         throw std::invalid_argument("reference: one continuation per prompt");
     }
-    const int reference_len = static_cast<int>(oracle.reference.empty() ? 0 : oracle.reference[0].size());
-    for (const auto& r : oracle.reference) {
-        if (static_cast<int>(r.size()) != reference_len || reference_len > state_.history_ld) {
+    const size_t reference_len = oracle.reference.empty() ? 0 : oracle.reference[0].size();
+    for (const auto& ref : oracle.reference) {
+        if (ref.size() != reference_len || static_cast<int>(reference_len) > state_.history_ld) {
             throw std::invalid_argument("reference: continuations of one length, at most " +
                                         std::to_string(state_.history_ld));
         }
     }
-    check_generation_length(prompts, max_new_tokens, cache_.max_context());
+}
+
+void DdtreeRound::start_streams(const RoundRequest& r) {
+    const int n = static_cast<int>(r.prompts.size());
     cudaStream_t s = model_.stream();
-    PhaseClock clock(s);  // start, prefilled, decoded
-    const int32_t* first = decoder_.prefill_first_tokens(prompts, temperature, seed);
-    clock.mark();
+    const int32_t* first = nullptr;
+    if (has_drafter()) {
+        // The prompt rows' taps go to the drafter chunk by chunk; with a window only its last rows are stored
+        // (those are distinct slots within a chunk).
+        DrafterModel& drafter = *drafter_.model;
+        const DraftCache& dc = drafter.cache();
+        PrefillTaps taps;
+        taps.outputs.tap_layers = drafter_.tap_layers;
+        taps.outputs.tap_rows = state_.tap_index;
+        taps.outputs.taps = state_.taps;
+        std::vector<int32_t> tables(2 * static_cast<size_t>(ArDecoder::kPrefillRows));
+        taps.consume = [&](const std::vector<std::pair<int, int>>& chunk) {
+            const int m = static_cast<int>(chunk.size());
+            for (int i = 0; i < m; ++i) {
+                const auto [stream, position] = chunk[i];
+                const int prompt_len = static_cast<int>(r.prompts[stream].size());
+                tables[i] = position;
+                tables[ArDecoder::kPrefillRows + i] =
+                    position >= prompt_len - dc.capacity() ? dc.slot(stream, position) : -1;
+            }
+            // Pageable source: the copy has left `tables` when the call returns.
+            CUDA_CHECK(cudaMemcpyAsync(state_.append_positions, tables.data(), m * 4, cudaMemcpyHostToDevice, s));
+            CUDA_CHECK(cudaMemcpyAsync(state_.append_slots, tables.data() + ArDecoder::kPrefillRows, m * 4,
+                                       cudaMemcpyHostToDevice, s));
+            drafter.append({state_.taps, state_.append_positions, state_.append_slots, m}, nullptr);
+        };
+        first = decoder_.prefill_first_tokens(r.prompts, r.temperature, r.seed, &taps);
+    } else {
+        first = decoder_.prefill_first_tokens(r.prompts, r.temperature, r.seed);
+    }
 
     // Round state: start = prompt length, the root of round one = the prefill's token, one token so far.
     const int ld = state_.history_ld;
@@ -142,89 +267,194 @@ TreeGeneration DdtreeRound::generate_oracle(const std::vector<std::vector<int32_
     CUDA_CHECK(cudaMemcpy2DAsync(state_.history, static_cast<size_t>(ld) * 4, first, first_pitch, 4, n,
                                  cudaMemcpyDeviceToDevice, s));
     CUDA_CHECK(cudaMemcpy2DAsync(state_.bonus, 4, first, first_pitch, 4, n, cudaMemcpyDeviceToDevice, s));
-    std::vector<int32_t> host(4 * static_cast<size_t>(n));  // start, count and rounds, stream base, stream id
+    std::vector<int32_t> host(7 * static_cast<size_t>(n));  // start, count, rounds, base, id, finished, (spare)
     for (int i = 0; i < n; ++i) {
-        host[i] = static_cast<int32_t>(prompts[i].size());
+        host[i] = static_cast<int32_t>(r.prompts[i].size());
         host[n + i] = 1;
         host[2 * n + i] = 0;
         host[3 * n + i] = cache_.stream_base(i);
+        host[4 * n + i] = i;
+        host[5 * n + i] = r.max_new_tokens <= 1 ? 1 : 0;
     }
-    std::vector<int32_t> ids(n), reference(static_cast<size_t>(n) * ld, 0);
-    for (int i = 0; i < n; ++i) {
-        ids[i] = i;
-        std::copy(oracle.reference[i].begin(), oracle.reference[i].end(), reference.begin() + i * ld);
+    for (auto [array, at] : {std::pair{state_.start, 0}, {state_.count, 1}, {state_.rounds, 2},
+                             {state_.stream_base, 3}, {state_.stream_ids, 4}, {state_.finished, 5}}) {
+        CUDA_CHECK(cudaMemcpyAsync(array, host.data() + at * n, n * 4, cudaMemcpyHostToDevice, s));
     }
-    CUDA_CHECK(cudaMemcpyAsync(state_.start, host.data(), n * 4, cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(state_.count, host.data() + n, 2 * n * 4, cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(state_.stream_base, host.data() + 3 * n, n * 4, cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(state_.stream_ids, ids.data(), n * 4, cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaMemcpyAsync(state_.reference, reference.data(), reference.size() * 4, cudaMemcpyHostToDevice, s));
-    static_assert(k::kTreeMaxDepth <= kOracleSeedAt && kOracleSeedAt % 2 == 0, "the seed is 8-byte aligned");
+    std::vector<int32_t> limits(k::kRoundLimitsInts, 0);
+    limits[0] = r.max_new_tokens;
+    limits[1] = static_cast<int32_t>(r.stop_ids.size());
+    std::copy(r.stop_ids.begin(), r.stop_ids.end(), limits.begin() + 2);
+    CUDA_CHECK(cudaMemcpyAsync(state_.limits, limits.data(), limits.size() * 4, cudaMemcpyHostToDevice, s));
+    std::vector<int32_t> reference;
     std::vector<float> scalars(kOracleScalars, 0.f);
-    std::copy(oracle.hit.begin(), oracle.hit.end(), scalars.begin());
-    const unsigned long long oracle_seed = oracle.seed;
-    std::memcpy(&scalars[kOracleSeedAt], &oracle_seed, 8);
-    std::memcpy(&scalars[kOracleLengthAt], &reference_len, 4);
-    CUDA_CHECK(cudaMemcpyAsync(state_.oracle_scalars, scalars.data(), scalars.size() * 4, cudaMemcpyHostToDevice, s));
+    if (r.oracle != nullptr) {
+        reference.assign(static_cast<size_t>(n) * ld, 0);
+        for (int i = 0; i < n; ++i) {
+            std::copy(r.oracle->reference[i].begin(), r.oracle->reference[i].end(), reference.begin() + i * ld);
+        }
+        CUDA_CHECK(cudaMemcpyAsync(state_.reference, reference.data(), reference.size() * 4, cudaMemcpyHostToDevice,
+                                   s));
+        static_assert(k::kTreeMaxDepth <= kOracleSeedAt && kOracleSeedAt % 2 == 0, "the seed is 8-byte aligned");
+        std::copy(r.oracle->hit.begin(), r.oracle->hit.end(), scalars.begin());
+        const unsigned long long oracle_seed = r.oracle->seed;
+        const int32_t reference_len = static_cast<int32_t>(r.oracle->reference[0].size());
+        std::memcpy(&scalars[kOracleSeedAt], &oracle_seed, 8);
+        std::memcpy(&scalars[kOracleLengthAt], &reference_len, 4);
+        CUDA_CHECK(cudaMemcpyAsync(state_.oracle_scalars, scalars.data(), scalars.size() * 4, cudaMemcpyHostToDevice,
+                                   s));
+    }
     CUDA_CHECK(cudaStreamSynchronize(s));  // the host vectors are this call's
+}
 
-    const k::OracleDraft draft{state_.reference, ld,
-                               reinterpret_cast<const int32_t*>(state_.oracle_scalars + kOracleLengthAt),
-                               state_.oracle_scalars,
-                               reinterpret_cast<const unsigned long long*>(state_.oracle_scalars + kOracleSeedAt),
-                               vocab};
-    // Every node of every round stays within max prompt + max_new_tokens - 1 + depth_limit keys.
+void DdtreeRound::save_slot(int slot, int stream) {
+    cudaStream_t s = model_.stream();
+    const int ld = state_.history_ld;
+    int32_t* out = pinned_ + static_cast<size_t>(stream) * output_ints(ld);
+    const size_t row = static_cast<size_t>(slot) * ld;
+    CUDA_CHECK(cudaMemcpyAsync(out, state_.history + row, ld * 4, cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpyAsync(out + ld, state_.accept_log + row, ld * 4, cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpyAsync(out + 2 * ld, state_.count + slot, 4, cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpyAsync(out + 2 * ld + 1, state_.rounds + slot, 4, cudaMemcpyDeviceToHost, s));
+}
+
+void DdtreeRound::compact(const std::vector<int>& keep) {
+    cudaStream_t s = model_.stream();
+    const int ld = state_.history_ld;
+    CUDA_CHECK(cudaMemcpyAsync(state_.keep, keep.data(), keep.size() * 4, cudaMemcpyHostToDevice, s));
+    k::SlotArrays arrays{};
+    for (auto [data, width] : {std::pair<int32_t*, int64_t>{state_.start, 1}, {state_.bonus, 1}, {state_.count, 1},
+                               {state_.rounds, 1}, {state_.stream_base, 1}, {state_.stream_ids, 1},
+                               {state_.finished, 1}, {state_.history, ld}, {state_.accept_log, ld},
+                               {state_.reference, ld}}) {
+        arrays.data[arrays.count] = data;
+        arrays.width[arrays.count++] = width;
+    }
+    CUDA_CHECK(k::compact_slots(arrays, state_.keep, static_cast<int>(keep.size()), s));
+}
+
+TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
+    const int n = static_cast<int>(r.prompts.size());
+    const int vocab = model_.dims().vocab;
+    const int depth_limit = has_drafter() ? drafter_.model->dims().block - 1 : r.depth_limit;
+    const int width = has_drafter() ? std::min(r.budget, vocab) : r.width;
+    check(r, depth_limit, width);
+    check_generation_length(r.prompts, r.max_new_tokens, cache_.max_context());
+    cudaStream_t s = model_.stream();
+    PhaseClock clock(s);  // start, prefilled, decoded
+    start_streams(r);
+    clock.mark();
+    if (r.oracle != nullptr) {
+        oracle_ = {state_.reference, state_.history_ld,
+                   reinterpret_cast<const int32_t*>(state_.oracle_scalars + kOracleLengthAt), state_.oracle_scalars,
+                   reinterpret_cast<const unsigned long long*>(state_.oracle_scalars + kOracleSeedAt), vocab};
+    }
+    // Every node of every round stays within max prompt + max_new_tokens - 1 + depth_limit keys (a finished stream
+    // no longer moves); the drafter's context is at most as long, and bounded by its cache.
     int longest = 0;
-    for (const auto& p : prompts) longest = std::max(longest, static_cast<int>(p.size()));
-    const RoundKey key{n, budget, depth_limit, width, cache_.attention_span(longest + max_new_tokens + depth_limit)};
-    const cudaGraphExec_t graph = graphs_.get(key, s, [&] { record_round(key, draft); });
+    for (const auto& p : r.prompts) longest = std::max(longest, static_cast<int>(p.size()));
+    const int keys = longest + r.max_new_tokens + depth_limit;
+    const int span = cache_.attention_span(keys);
+    const int draft_span = has_drafter() ? std::min(keys, drafter_.model->cache().capacity()) : 0;
 
-    // One round stays queued ahead of the host: after launching round r the host waits for round r - 1's token
-    // counts, copied to pinned memory behind it, and stops once every stream has its tokens (round r then only adds
-    // tokens past the end). A round commits at least one token, so max_new_tokens rounds always suffice.
-    PinnedInts counts(2 * static_cast<size_t>(n));
+    // slot -> stream; one round stays queued ahead of the host: after launching round r the host reads round
+    // r - 1's finished flags (copied to pinned memory behind it), saves and drops the streams that finished, and
+    // stops once every stream has. A round commits at least one token of every live stream, so max_new_tokens
+    // rounds finish them all.
+    std::vector<int> slots(n);
+    for (int i = 0; i < n; ++i) slots[i] = i;
+    std::vector<std::vector<int>> flagged_slots(2);  // the slot map each pinned flag copy was taken under
+    int32_t* flags = pinned_ + n * output_ints(state_.history_ld);
+    std::vector<bool> done(n, false);
+    int finished_streams = 0, rounds = 0;
+    double host_seconds = 0.0;
+    int replays = 0;
+    std::map<std::string, double> stage_seconds;
     cudaEvent_t copied[2];
     for (cudaEvent_t& e : copied) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    int rounds = 0;
-    try {
-        for (bool done = max_new_tokens <= 1; !done && rounds < max_new_tokens; ++rounds) {
-            CUDA_CHECK(cudaGraphLaunch(graph, s));
-            CUDA_CHECK(cudaMemcpyAsync(counts.data() + (rounds % 2) * n, state_.count, n * 4, cudaMemcpyDeviceToHost, s));
-            CUDA_CHECK(cudaEventRecord(copied[rounds % 2], s));
-            if (rounds == 0) continue;
-            CUDA_CHECK(cudaEventSynchronize(copied[(rounds - 1) % 2]));
-            const int32_t* c = counts.data() + ((rounds - 1) % 2) * n;
-            done = std::all_of(c, c + n, [&](int32_t v) { return v >= max_new_tokens; });
+    auto read_flags = [&](int parity) {
+        CUDA_CHECK(cudaEventSynchronize(copied[parity]));
+        std::vector<int> keep;
+        bool dropped = false;
+        for (size_t i = 0; i < slots.size(); ++i) {
+            const int stream = slots[i];
+            const auto& map = flagged_slots[parity];
+            const auto at = std::find(map.begin(), map.end(), stream);
+            const bool is_done = done[stream] || (at != map.end() && flags[parity * n + (at - map.begin())] != 0);
+            if (is_done && !done[stream]) {
+                done[stream] = true;
+                ++finished_streams;
+            }
+            if (is_done) {
+                save_slot(static_cast<int>(i), stream);
+                dropped = true;
+            } else {
+                keep.push_back(static_cast<int>(i));
+            }
         }
+        if (!dropped) return;
+        std::vector<int> live;
+        for (const int i : keep) live.push_back(slots[i]);
+        if (!keep.empty()) compact(keep);
+        slots = live;
+    };
+    if (r.max_new_tokens <= 1) {  // the prefill's token is all: no round
+        for (int i = 0; i < n; ++i) save_slot(i, i);
+        finished_streams = n;
+    }
+    try {
+        while (finished_streams < n && rounds <= r.max_new_tokens + 1) {
+            const int m = static_cast<int>(slots.size());
+            const RoundKey key{m, r.budget, depth_limit, width, span, draft_span, r.oracle != nullptr};
+            const int parity = rounds % 2;
+            if (r.profile) {
+                OpTimeline timeline(s);
+                hold_stream_for_timing(s);
+                record_round(key, &timeline);
+                CUDA_CHECK(cudaStreamSynchronize(s));
+                timeline.accumulate(stage_seconds);
+                CUDA_CHECK(cudaMemcpyAsync(flags + parity * n, state_.finished, m * 4, cudaMemcpyDeviceToHost, s));
+                CUDA_CHECK(cudaEventRecord(copied[parity], s));
+            } else {
+                const cudaGraphExec_t graph = graphs_.get(key, s, [&] { record_round(key, nullptr); });
+                const auto begin = std::chrono::steady_clock::now();
+                CUDA_CHECK(cudaGraphLaunch(graph, s));
+                CUDA_CHECK(cudaMemcpyAsync(flags + parity * n, state_.finished, m * 4, cudaMemcpyDeviceToHost, s));
+                CUDA_CHECK(cudaEventRecord(copied[parity], s));
+                host_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+                ++replays;
+            }
+            flagged_slots[parity] = slots;
+            ++rounds;
+            if (r.profile) {
+                read_flags(parity);
+            } else if (rounds > 1) {
+                read_flags(1 - parity);
+            }
+        }
+        if (finished_streams < n) throw std::logic_error("DDTree rounds did not finish every stream");
     } catch (...) {
         for (cudaEvent_t e : copied) cudaEventDestroy(e);
         throw;
     }
     for (cudaEvent_t e : copied) cudaEventDestroy(e);
     clock.mark();
+    CUDA_CHECK(cudaStreamSynchronize(s));
 
     TreeGeneration out;
-    std::vector<int32_t> history(static_cast<size_t>(n) * ld), log(static_cast<size_t>(n) * ld), done(2 * n);
-    CUDA_CHECK(cudaMemcpyAsync(history.data(), state_.history, history.size() * 4, cudaMemcpyDeviceToHost, s));
-    CUDA_CHECK(cudaMemcpyAsync(log.data(), state_.accept_log, log.size() * 4, cudaMemcpyDeviceToHost, s));
-    CUDA_CHECK(cudaMemcpyAsync(done.data(), state_.count, done.size() * 4, cudaMemcpyDeviceToHost, s));
-    CUDA_CHECK(cudaStreamSynchronize(s));
+    const int ld = state_.history_ld;
     out.tokens.resize(n);
     out.accept_lengths.resize(n);
     for (int i = 0; i < n; ++i) {
-        out.tokens[i].assign(history.begin() + static_cast<size_t>(i) * ld,
-                             history.begin() + static_cast<size_t>(i) * ld + max_new_tokens);
-        // the rounds this stream needed for its tokens (later rounds only ran beside the others)
-        int needed = 0;
-        for (int tokens = 1; tokens < max_new_tokens && needed < done[n + i]; ++needed) {
-            tokens += log[static_cast<size_t>(i) * ld + needed];
-        }
-        out.accept_lengths[i].assign(log.begin() + static_cast<size_t>(i) * ld,
-                                     log.begin() + static_cast<size_t>(i) * ld + needed);
+        const int32_t* saved = pinned_ + static_cast<size_t>(i) * output_ints(ld);
+        const int count = std::min(saved[2 * ld], r.max_new_tokens), stream_rounds = std::min(saved[2 * ld + 1], ld);
+        out.tokens[i].assign(saved, saved + count);
+        out.accept_lengths[i].assign(saved + ld, saved + ld + stream_rounds);
     }
     out.rounds = rounds;
     out.prefill_seconds = clock.seconds(0, 1);
     out.decode_seconds = clock.seconds(1, 2);
+    out.host_seconds_per_round = replays > 0 ? host_seconds / replays : 0.0;
+    for (auto& [name, sec] : stage_seconds) out.stages.emplace_back(name, sec);
     return out;
 }
 

@@ -1,20 +1,27 @@
-// The DDTree round on the GPU: draft candidates -> tree build -> verify rows -> verify forward -> the target's choice
-// at every node (greedy, or Gumbel-max keyed by stream and position as in autoregressive decoding) -> accept walk
-// -> commit (latent KV rows, committed length) -> the round's tokens into each stream's history. One CUDA graph
-// per (streams, budget, attention span), replayed; the round state lives on the device, and the host only reads
-// each stream's token count asynchronously to decide when to stop.
+// The DDTree round on the GPU: drafter block forward -> per-depth top-K -> tree build -> verify rows -> verify
+// forward with the drafter's taps -> the target's choice at every node (greedy, or Gumbel-max keyed by stream and
+// position as in autoregressive decoding) -> accept walk -> commit (latent KV rows, the accepted taps as the
+// drafter's next context, committed length) -> the round's tokens into each stream's history -> the drafter's
+// context append. One CUDA graph per (streams, budget, spans), replayed; the round state lives on the device.
 //
-// The candidates come from the oracle (oracle_draft.cuh: tests and benchmarks only) until the GPU drafter joins
-// the round.
+// Streams that finish (their token count, or a stop id) are frozen by the round itself (they accept nothing), and
+// the host, reading each round's finished flags asynchronously one round behind, moves the live streams to the
+// front slots and switches to the graph of fewer streams, so finished streams' rows cost nothing afterwards.
+//
+// Candidates come from the drafter, or from the oracle (oracle_draft.cuh: tests and benchmarks only), which
+// replaces the drafter's top-K after its forward has run (or stands alone in an engine without a drafter).
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ar_decoder.h"
 #include "device_arena.h"
+#include "drafter_model.h"
 #include "graph_cache.h"
 #include "latent_cache.h"
 #include "oracle_draft.cuh"
@@ -24,13 +31,16 @@
 
 namespace ddtree {
 
-// What generate_ddtree returns per stream: max_new_tokens tokens (the prefill's first), and each round's accept
-// length (nodes accepted, the root counted: the round committed that many tokens).
+// What a DDTree generation returns per stream: its tokens (at most max_new_tokens: fewer when it committed a stop
+// id, which is then among them, possibly followed by the rest of that round's tokens), each round's accept length
+// (nodes accepted, the root counted: the round committed that many tokens).
 struct TreeGeneration {
     std::vector<std::vector<int32_t>> tokens;
     std::vector<std::vector<int32_t>> accept_lengths;
-    int rounds = 0;
+    int rounds = 0;  // rounds launched (every stream's rounds, and up to two more that changed nothing)
     double prefill_seconds = 0.0, decode_seconds = 0.0;
+    double host_seconds_per_round = 0.0;  // host time of a replayed round's launch and copies
+    std::vector<std::pair<std::string, double>> stages;  // device seconds per stage summed over rounds (profile)
 };
 
 // The oracle's continuation and profile (see oracle_draft.cuh), host side.
@@ -40,49 +50,92 @@ struct OracleRequest {
     uint64_t seed = 0;
 };
 
+struct RoundRequest {
+    std::vector<std::vector<int32_t>> prompts;
+    int max_new_tokens = 0;
+    float temperature = 0.f;
+    uint64_t seed = 0;
+    int budget = 0;                  // nodes below the root, 1..the engine's
+    std::vector<int32_t> stop_ids;   // at most kernels::kRoundMaxStopIds
+    const OracleRequest* oracle = nullptr;
+    // Without a drafter (oracle only): the tree depth limit and the oracle's candidates per depth. With one they
+    // are the drafter's block - 1 and min(budget, vocab).
+    int depth_limit = 0, width = 0;
+    bool profile = false;  // eager rounds, each stage timed (TreeGeneration::stages)
+};
+
+// The drafter of an engine's rounds and the target layers whose residuals are its context.
+struct RoundDrafter {
+    DrafterModel* model = nullptr;
+    std::vector<int> tap_layers;
+};
+
 class DdtreeRound {
   public:
     // Device state for `streams` streams and trees of up to `budget` nodes below the root (any depth limit up to
-    // kTreeMaxDepth), from `arena` (a counting arena only counts it).
+    // kTreeMaxDepth), from `arena` (a counting arena only counts it). draft_block / tap_width: the drafter's block
+    // size and context width (0 without a drafter).
     struct State {
-        int32_t *start, *bonus, *count, *stream_base, *stream_ids;
+        int32_t *start, *bonus, *count, *rounds, *stream_base, *stream_ids, *finished, *limits, *keep;
         kernels::TreeArrays tree;
         float* log_probs;
         int32_t* token_ids;
         int32_t *accepted, *accept_len, *next_bonus;
-        int32_t* history;  // [streams][history_ld]
-        int32_t *reference, *accept_log;  // oracle continuation [streams][history_ld]; accept lengths [streams][history_ld]
+        int32_t *history, *accept_log, *reference;  // [streams][history_ld]: tokens, accept lengths, oracle
         float* oracle_scalars;  // the hit profile [kTreeMaxDepth], then the oracle's seed and continuation length
         RowBatch rows;
-        int history_ld;
-        static State lay_out(int streams, int budget, int history_ld, DeviceArena& arena);
+        // The drafter's side: verify taps [tap_rows][tap_width], the accepted ones [streams][L + 1][tap_width],
+        // row indices 0.. for the taps, block ids / positions / head rows, append positions / slots.
+        kernels::bf16 *taps, *context;
+        int32_t *tap_index, *block_ids, *block_positions, *head_rows, *append_positions, *append_slots;
+        int history_ld, tap_rows, max_append;
+        static State lay_out(int streams, int budget, int history_ld, int draft_block, int tap_width,
+                             DeviceArena& arena);
     };
     static constexpr int kOracleSeedAt = 16, kOracleLengthAt = 18, kOracleScalars = 20;  // float offsets
 
-    DdtreeRound(TargetModel& model, const LatentCache& cache, ArDecoder& decoder, int max_budget, const State& state);
+    // Context rows a drafter of block size `block` takes per append in a round of `streams` streams.
+    static int max_append_rows(int streams, int block);
 
-    // Prefill, then rounds of trees of `budget` nodes (<= the engine's) and depth <= depth_limit until every stream
-    // has max_new_tokens tokens, with oracle candidates (`width` per depth, 1..budget).
-    TreeGeneration generate_oracle(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
-                                   float temperature, uint64_t seed, const OracleRequest& oracle, int budget,
-                                   int depth_limit, int width);
+    DdtreeRound(TargetModel& model, const LatentCache& cache, ArDecoder& decoder, int max_budget, const State& state,
+                RoundDrafter drafter);
+    ~DdtreeRound();
+    DdtreeRound(const DdtreeRound&) = delete;
+    DdtreeRound& operator=(const DdtreeRound&) = delete;
+
+    bool has_drafter() const { return drafter_.model != nullptr; }
+
+    // Prefill (its taps appended to the drafter's context), then rounds until every stream has max_new_tokens
+    // tokens or has committed a stop id.
+    TreeGeneration generate(const RoundRequest& request);
 
   private:
     struct RoundKey {
-        int streams, budget, depth_limit, width, span;
+        int streams, budget, depth_limit, width, span, draft_span;
+        bool oracle;
         bool operator<(const RoundKey& o) const {
-            return std::tie(streams, budget, depth_limit, width, span) <
-                   std::tie(o.streams, o.budget, o.depth_limit, o.width, o.span);
+            return std::tie(streams, budget, depth_limit, width, span, draft_span, oracle) <
+                   std::tie(o.streams, o.budget, o.depth_limit, o.width, o.span, o.draft_span, o.oracle);
         }
     };
-    void record_round(const RoundKey& key, const kernels::OracleDraft& oracle);
+    void check(const RoundRequest& request, int depth_limit, int width) const;
+    // The round's per-stream state for the request (prefill included) on the device.
+    void start_streams(const RoundRequest& request);
+    void record_round(const RoundKey& key, OpTimeline* timeline);
+    // Moves the live slots `keep` (ascending) to the front of every per-slot array.
+    void compact(const std::vector<int>& keep);
+    // Copies slot `slot`'s history, accept log, count and rounds to stream `stream`'s pinned output.
+    void save_slot(int slot, int stream);
 
     TargetModel& model_;
     const LatentCache& cache_;
     ArDecoder& decoder_;
     int max_budget_;
     State state_;
+    RoundDrafter drafter_;
+    kernels::OracleDraft oracle_{};
     GraphCache<RoundKey> graphs_;
+    int32_t* pinned_ = nullptr;  // [streams][2 * history_ld + 2] outputs, then [2][streams] finished flags
 };
 
 }  // namespace ddtree

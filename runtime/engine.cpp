@@ -30,6 +30,35 @@ std::string gib(size_t bytes) {
 // A stream's round history: max_context tokens, and room for a last round's tokens past the end.
 int round_history(int max_context) { return max_context + k::kTreeMaxDepth + 1; }
 
+// Tree slots after each stream's context: one tree, and the last round's tokens past max_context of a stream
+// that finished while the others go on (a finished stream's trees are verified at its final length).
+int tree_slots(int max_budget) { return max_budget > 0 ? max_budget + 1 + k::kTreeMaxDepth : 1; }
+
+int draft_capacity(const DrafterSpec& d, int max_context) { return d.window > 0 ? d.window : max_context; }
+
+void check_drafter(const DrafterSpec& d, const ModelDims& target, int max_context, int max_budget) {
+    auto fail = [](const std::string& what) { throw std::invalid_argument("drafter: " + what); };
+    if (d.dims.hidden != target.hidden || d.dims.vocab != target.vocab) {
+        fail("hidden_size/vocab_size " + std::to_string(d.dims.hidden) + "/" + std::to_string(d.dims.vocab) +
+             " differ from the target's " + std::to_string(target.hidden) + "/" + std::to_string(target.vocab));
+    }
+    if (d.dims.block < 2 || d.dims.block - 1 > k::kTreeMaxDepth) {
+        fail("block_size must be in 2.." + std::to_string(k::kTreeMaxDepth + 1) + " (trees of depth block - 1), got " +
+             std::to_string(d.dims.block));
+    }
+    if (static_cast<int>(d.tap_layers.size()) != d.dims.taps) fail("one target layer per tap expected");
+    for (size_t t = 0; t < d.tap_layers.size(); ++t) {
+        if (d.tap_layers[t] < 0 || d.tap_layers[t] >= target.layers || (t > 0 && d.tap_layers[t] <= d.tap_layers[t - 1])) {
+            fail("target_layer_ids must be increasing layer indices in 0.." + std::to_string(target.layers - 1));
+        }
+    }
+    if (d.window != 0 && (d.window < d.dims.block || d.window > max_context)) {
+        fail("window must be in " + std::to_string(d.dims.block) + " (block_size)..max_context, got " +
+             std::to_string(d.window));
+    }
+    if (max_budget < 1) fail("a drafter needs a budget of at least 1");
+}
+
 int forward_rows(int streams, int max_budget) {
     return static_cast<int>(std::max<int64_t>(static_cast<int64_t>(streams) * (max_budget + 1),
                                               ArDecoder::kPrefillRows));
@@ -54,7 +83,7 @@ class TemporaryBuffer {
 }  // namespace
 
 size_t Engine::preflight(const ModelDims& dims, const RopeTable& rope, int streams, int max_context, int max_budget,
-                         int device) {
+                         int device, const DrafterSpec* drafter) {
     if (streams < 1 || streams > 1024) {
         throw std::invalid_argument("streams must be in 1..1024, got " + std::to_string(streams));
     }
@@ -87,6 +116,7 @@ size_t Engine::preflight(const ModelDims& dims, const RopeTable& rope, int strea
         throw std::invalid_argument("rope table has " + std::to_string(rope.inv_freq.size()) +
                                     " frequencies, expected " + std::to_string(dims.rope / 2));
     }
+    if (drafter != nullptr) check_drafter(*drafter, dims, max_context, max_budget);
     int count = 0;
     CUDA_CHECK(cudaGetDeviceCount(&count));
     if (device < 0 || device >= count) {
@@ -99,43 +129,70 @@ size_t Engine::preflight(const ModelDims& dims, const RopeTable& rope, int strea
     const int rows = forward_rows(streams, max_budget);
     DeviceArena plan(DeviceArena::Mode::kCount);
     const size_t weights = Weights::planned_bytes(dims, rows);
-    const LatentCache cache(dims, streams, max_context, max_budget + 1, plan);
+    const LatentCache cache(dims, streams, max_context, tree_slots(max_budget), plan);
     const size_t kv = plan.bytes();
     TargetModel::Scratch::lay_out(dims, rows, cache.stream_rows(), plan);
     RowBatch::lay_out(rows, max_budget + 1, plan);
     DecodeState::lay_out(streams, max_context, plan);
-    DdtreeRound::State::lay_out(streams, max_budget, round_history(max_context), plan);
+    const int block = drafter != nullptr ? drafter->dims.block : 0;
+    const int tap_width = drafter != nullptr ? drafter->dims.context_width() : 0;
+    DdtreeRound::State::lay_out(streams, max_budget, round_history(max_context), block, tap_width, plan);
     const size_t scratch = plan.bytes() - kv;
+    const size_t draft = drafter == nullptr ? 0
+                                            : DrafterModel::planned_bytes(drafter->dims, streams,
+                                                                          draft_capacity(*drafter, max_context),
+                                                                          DdtreeRound::max_append_rows(streams, block));
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    if (weights + kv + scratch + kHeadroomBytes > free_bytes) {
+    if (weights + kv + scratch + draft + kHeadroomBytes > free_bytes) {
         throw std::invalid_argument("model does not fit on device " + std::to_string(device) + ": weights " +
                                     gib(weights) + " + KV cache " + gib(kv) + " (" + std::to_string(streams) +
                                     " streams x (" + std::to_string(max_context) + " tokens + " +
-                                    std::to_string(max_budget + 1) + " tree slots)) + scratch " + gib(scratch) +
-                                    " (" + std::to_string(rows) + " rows per forward) + headroom " +
+                                    std::to_string(tree_slots(max_budget)) + " tree slots)) + scratch " + gib(scratch) +
+                                    " (" + std::to_string(rows) + " rows per forward) + drafter " + gib(draft) + " + headroom " +
                                     gib(kHeadroomBytes) + " > free " + gib(free_bytes) + " of " + gib(total_bytes));
     }
-    return weights + kv + scratch;
+    return weights + kv + scratch + draft;
 }
 
 Engine::Engine(const ModelDims& dims, const RopeTable& rope, int streams, int max_context, int max_budget,
-               int device)
+               int device, const DrafterSpec* drafter)
     : dims_(dims), streams_(streams), max_context_(max_context), max_budget_(max_budget), device_(device),
       max_rows_(forward_rows(streams, max_budget)),
-      planned_bytes_(preflight(dims, rope, streams, max_context, max_budget, device)),
+      planned_bytes_(preflight(dims, rope, streams, max_context, max_budget, device, drafter)),
       arena_(DeviceArena::Mode::kAllocate),
-      cache_(dims, streams, max_context, max_budget + 1, arena_),
+      cache_(dims, streams, max_context, tree_slots(max_budget), arena_),
       model_(dims, rope, cache_, max_rows_, device, arena_),
       eager_rows_(RowBatch::lay_out(max_rows_, max_budget + 1, arena_)),
       decoder_(model_, cache_, eager_rows_, DecodeState::lay_out(streams, max_context, arena_)),
+      drafter_(drafter == nullptr
+                   ? nullptr
+                   : std::make_unique<DrafterModel>(drafter->dims, drafter->rope, model_.weights().embed,
+                                                    model_.weights().lm_head, streams,
+                                                    draft_capacity(*drafter, max_context),
+                                                    DdtreeRound::max_append_rows(streams, drafter->dims.block),
+                                                    model_.stream(), arena_)),
       round_(model_, cache_, decoder_, max_budget,
-             DdtreeRound::State::lay_out(streams, max_budget, round_history(max_context), arena_)) {}
+             DdtreeRound::State::lay_out(streams, max_budget, round_history(max_context),
+                                         drafter != nullptr ? drafter->dims.block : 0,
+                                         drafter != nullptr ? drafter->dims.context_width() : 0, arena_),
+             RoundDrafter{drafter_.get(), drafter != nullptr ? drafter->tap_layers : std::vector<int>{}}) {}
+
+DrafterWeights& Engine::drafter_weights() {
+    if (drafter_ == nullptr) throw std::invalid_argument("the engine was created without a drafter");
+    CUDA_CHECK(cudaSetDevice(device_));
+    return drafter_->weights();
+}
 
 void Engine::check_weights() {
     CUDA_CHECK(cudaSetDevice(device_));
     if (const std::string m = model_.weights().missing(); !m.empty()) {
         throw std::invalid_argument("weights are incomplete: '" + m + "' was never uploaded");
+    }
+    if (drafter_ != nullptr) {
+        if (const std::string m = drafter_->weights().missing(); !m.empty()) {
+            throw std::invalid_argument("drafter weights are incomplete: '" + m + "' was never uploaded");
+        }
     }
 }
 
@@ -294,11 +351,9 @@ StepProfile Engine::profile_verify(const std::vector<VerifyTree>& trees, int ite
     return out;
 }
 
-TreeGeneration Engine::generate_oracle(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
-                                       float temperature, uint64_t seed, const OracleRequest& oracle, int budget,
-                                       int depth_limit, int width) {
+TreeGeneration Engine::generate_ddtree(const RoundRequest& request) {
     check_weights();
-    return round_.generate_oracle(prompts, max_new_tokens, temperature, seed, oracle, budget, depth_limit, width);
+    return round_.generate(request);
 }
 
 void Engine::randomize_cache(uint64_t seed) {

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "ar_decoder.h"
 #include "ddtree_round.h"
 #include "device_arena.h"
+#include "drafter_model.h"
 #include "engine_weights.h"
 #include "latent_cache.h"
 #include "model_dims.h"
@@ -37,11 +39,22 @@ struct VerifyOutput {
     int rows = 0;
 };
 
+// The DFlash drafter an engine runs its DDTree rounds with: its dims and RoPE, the target layers whose residuals
+// are its context (increasing, dims.taps of them), and its context window (0: every committed row).
+struct DrafterSpec {
+    DrafterDims dims;
+    RopeTable rope;
+    std::vector<int> tap_layers;
+    int window = 0;
+};
+
 class Engine {
   public:
     // max_budget: the most drafted nodes per stream a verify takes (0: autoregressive only). Forwards take
-    // max(streams x (max_budget + 1), prefill rows) rows.
-    Engine(const ModelDims& dims, const RopeTable& rope, int streams, int max_context, int max_budget, int device);
+    // max(streams x (max_budget + 1), prefill rows) rows. With `drafter`, the engine holds it too (its weights,
+    // draft cache and scratch counted by the pre-flight) and runs DDTree rounds with it.
+    Engine(const ModelDims& dims, const RopeTable& rope, int streams, int max_context, int max_budget, int device,
+           const DrafterSpec* drafter = nullptr);
     ~Engine() = default;
     Engine(const Engine&) = delete;
     Engine& operator=(const Engine&) = delete;
@@ -53,6 +66,10 @@ class Engine {
     int max_rows() const { return max_rows_; }
     int device() const { return device_; }
     Weights& weights() { return model_.weights(); }
+    // The drafter's weights (std::invalid_argument when the engine has no drafter).
+    DrafterWeights& drafter_weights();
+    bool has_drafter() const { return drafter_ != nullptr; }
+    const DrafterDims* drafter_dims() const { return drafter_ ? &drafter_->dims() : nullptr; }
 
     // Prefill each prompt into its stream (stream i <- prompts[i], from position 0); each stream's first new token.
     std::vector<int32_t> prefill(const std::vector<std::vector<int32_t>>& prompts, float temperature, uint64_t seed);
@@ -71,10 +88,9 @@ class Engine {
     // Device time per operation of that verify forward (eager, one launch at a time), the mean of `iters` passes
     // after a warm-up.
     StepProfile profile_verify(const std::vector<VerifyTree>& trees, int iters);
-    // DDTree generation on the GPU with oracle draft candidates (tests and benchmarks; see DdtreeRound).
-    TreeGeneration generate_oracle(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
-                                   float temperature, uint64_t seed, const OracleRequest& oracle, int budget,
-                                   int depth_limit, int width);
+    // DDTree generation on the GPU: the drafter's candidates, or the oracle's (tests and benchmarks; see
+    // DdtreeRound).
+    TreeGeneration generate_ddtree(const RoundRequest& request);
 
     // Benchmark support: random cache contents; decode timing (ArDecoder).
     void randomize_cache(uint64_t seed);
@@ -87,7 +103,7 @@ class Engine {
     // Checks the arguments, selects the device and compares the planned bytes with its free memory (throws with
     // the numbers); returns the plan.
     static size_t preflight(const ModelDims& dims, const RopeTable& rope, int streams, int max_context,
-                            int max_budget, int device);
+                            int max_budget, int device, const DrafterSpec* drafter);
     void check_weights();
     // Rows of the trees in a batch (validated); `tap_layers` checked against the model's layers.
     RowBatchBuilder tree_rows(const std::vector<VerifyTree>& trees) const;
@@ -100,6 +116,7 @@ class Engine {
     TargetModel model_;
     RowBatch eager_rows_;
     ArDecoder decoder_;
+    std::unique_ptr<DrafterModel> drafter_;
     DdtreeRound round_;
 };
 

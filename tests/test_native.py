@@ -4,7 +4,7 @@ without the CUDA toolkit)."""
 import pytest
 
 import ddtree
-from ddtree.limits import MAX_TREE_BUDGET
+from ddtree.limits import MAX_STOP_IDS, MAX_TREE_BUDGET
 
 native = pytest.importorskip("ddtree._native", exc_type=ImportError)
 kernels = native.kernels
@@ -18,6 +18,7 @@ def test_native_module_imports_without_gpu() -> None:
 def test_runtime_and_python_share_the_tree_budget_limit() -> None:
     """The runtime sizes its tree buffers by kTreeMaxBudget; the Python checks refuse by MAX_TREE_BUDGET."""
     assert native.MAX_BUDGET == MAX_TREE_BUDGET
+    assert native.MAX_STOP_IDS == MAX_STOP_IDS
 
 
 def test_device_info_describes_itself() -> None:

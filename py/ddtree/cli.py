@@ -23,7 +23,7 @@ from ddtree.errors import DDTreeError, NonFiniteError, RequestError, check_token
 from ddtree.generation_view import OnTokens, Run, progress_display, show_results
 from ddtree.limits import MAX_TREE_BUDGET
 from ddtree.request import ArgumentNames, check_request, check_seed
-from ddtree.results import GenerationResult, cut_at_stop, with_text
+from ddtree.results import GenerationResult, with_text
 from ddtree.tokenizer import encode_prompts
 
 PRESETS = ("tiny", "small", "k2-layers")
@@ -127,6 +127,9 @@ def _parser() -> argparse.ArgumentParser:
                      help=f"DDTree node budget, at most {MAX_TREE_BUDGET} (default block_size - 1)")
     gen.add_argument("--drafter", type=Path, default=None,
                      help=f"drafter checkpoint directory (default: MODEL/{DRAFTER_SUBDIR})")
+    gen.add_argument("--stages", action="store_true",
+                     help="GPU DDTree: run the rounds eagerly with each stage timed and print the device time split "
+                          "(tokens/s is then that of eager rounds)")
     gen.add_argument("--json", action="store_true",
                      help="print one JSON document (backend, method, and per stream: tokens, text, timings, "
                           "acceptance lengths) instead of lines and progress")
@@ -192,10 +195,6 @@ def _backend(backend: str, method: str) -> tuple[str, str]:
 
     if backend == "reference":
         return "reference", "--backend reference"
-    if method != "ar":
-        if backend == "engine":
-            raise RequestError("--method ddtree runs on the reference backend only for now (--backend reference)")
-        return "reference", "DDTree runs on the reference backend only for now"
     missing = native_unavailable()
     if missing is not None:
         if backend == "engine":
@@ -270,15 +269,14 @@ def _reference_generate(args: argparse.Namespace, model_dir: Path, prompts: list
 
 def _engine_generate(args: argparse.Namespace, model_dir: Path, prompts: list[Sequence[int]], stops: list[int],
                      on_tokens: OnTokens) -> list[GenerationResult]:
-    """The native GPU engine, all streams at once. It decodes all -n tokens of every stream; each is cut after its
-    first stop token here."""
-    from dataclasses import replace
-
+    """The native GPU engine, all streams at once: autoregressive, or DDTree rounds with the drafter."""
     from ddtree.engine import Engine
 
-    engine = Engine(model_dir, streams=len(prompts), max_context=max(map(len, prompts)) + args.max_new_tokens)
-    results = engine.generate(prompts, args.max_new_tokens, temperature=args.temperature, seed=args.seed)
-    results = [replace(result, tokens=cut_at_stop(result.tokens, stops)[0]) for result in results]
+    drafter_dir = _drafter_dir(args, model_dir) if args.method == "ddtree" else None
+    engine = Engine(model_dir, drafter_dir=drafter_dir, streams=len(prompts),
+                    max_context=max(map(len, prompts)) + args.max_new_tokens, budget=args.budget)
+    results = engine.generate(prompts, args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                              method=args.method, stop_token_ids=stops, profile=args.stages)
     for i, result in enumerate(results):
         on_tokens(i, result.tokens)
     return results
@@ -287,6 +285,9 @@ def _engine_generate(args: argparse.Namespace, model_dir: Path, prompts: list[Se
 def _generate(args: argparse.Namespace, console: Console) -> int:
     model_dir = _model_dir(args)
     backend, _ = _backend(args.backend, args.method)
+    if args.stages and (backend != "engine" or args.method != "ddtree"):
+        raise RequestError("--stages times the GPU engine's DDTree rounds: it needs --method ddtree on the engine "
+                           "backend")
     prompts, tokenizer = encode_prompts(args.prompt or args.prompt_ids, model_dir)
     stops = _check_requests(args, model_dir, prompts)
     run = Run(backend, args.method, prompts, args.prompt, args.max_new_tokens)

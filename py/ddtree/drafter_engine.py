@@ -16,22 +16,12 @@ import numpy as np
 
 from ddtree import bf16
 from ddtree.drafter import DrafterConfig, open_drafter
-from ddtree.engine import Engine, _native_call
+from ddtree.engine import Engine, _native_call, drafter_dims
 from ddtree.errors import RequestError
 from ddtree.reference.rope import Rope
 
 # Context rows per append launch: a prompt's rows go up in launches of this many.
 MAX_APPEND_ROWS = 1024
-
-
-def drafter_dims(cfg: DrafterConfig) -> dict[str, Any]:
-    """The drafter dimensions the native drafter is built from."""
-    return {
-        "hidden": cfg.hidden_size, "inter": cfg.intermediate_size, "layers": cfg.num_hidden_layers,
-        "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
-        "vocab": cfg.vocab_size, "block": cfg.block_size, "taps": len(cfg.target_layer_ids),
-        "mask_token": cfg.mask_token_id, "rms_eps": cfg.rms_norm_eps,
-    }
 
 
 class GpuDrafter:

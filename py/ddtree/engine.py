@@ -8,7 +8,7 @@ boundary; what it refuses arrives here as a RequestError naming the argument.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +17,12 @@ import numpy as np
 from ddtree import bf16
 from ddtree.checkpoint import Checkpoint, open_checkpoint
 from ddtree.config import LORA_NORM_EPS, ModelConfig
+from ddtree.drafter import DrafterConfig, open_drafter
 from ddtree.errors import RequestError, check_token_ids
-from ddtree.limits import MAX_TREE_BUDGET
-from ddtree.request import check_seed
+from ddtree.limits import MAX_STOP_IDS, MAX_TREE_BUDGET
+from ddtree.request import METHODS, check_seed
 from ddtree.reference.rope import Rope
-from ddtree.results import GenerationResult, with_text
+from ddtree.results import GenerationResult, cut_at_stop, with_text
 from ddtree.tokenizer import encode_prompts
 
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
@@ -41,6 +42,24 @@ def engine_dims(cfg: ModelConfig) -> dict[str, Any]:
     }
 
 
+def drafter_dims(cfg: DrafterConfig) -> dict[str, Any]:
+    """The drafter dimensions the native drafter is built from."""
+    return {
+        "hidden": cfg.hidden_size, "inter": cfg.intermediate_size, "layers": cfg.num_hidden_layers,
+        "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+        "vocab": cfg.vocab_size, "block": cfg.block_size, "taps": len(cfg.target_layer_ids),
+        "mask_token": cfg.mask_token_id, "rms_eps": cfg.rms_norm_eps,
+    }
+
+
+def drafter_spec(cfg: DrafterConfig, window: int | None) -> dict[str, Any]:
+    """What the native engine holds its drafter by: dims, RoPE, the target layers it taps, its context window."""
+    rope = Rope.from_drafter_config(cfg)
+    return {"dims": drafter_dims(cfg), "inv_freq": rope.inv_freq.tolist(),
+            "attention_factor": float(rope.attention_factor), "tap_layers": list(cfg.target_layer_ids),
+            "window": window or 0}
+
+
 def _native_call(method: Any, *args: Any) -> Any:
     """Calls the runtime; its refusals of an argument (C++ std::invalid_argument) become RequestError."""
     try:
@@ -49,7 +68,8 @@ def _native_call(method: Any, *args: Any) -> Any:
         raise RequestError(str(err)) from None
 
 
-def _native_engine(cfg: ModelConfig, streams: int, max_context: int, budget: int, device: int) -> Any:
+def _native_engine(cfg: ModelConfig, streams: int, max_context: int, budget: int, device: int,
+                   drafter: dict[str, Any] | None) -> Any:
     from ddtree.device import has_cuda_device
 
     if not has_cuda_device():
@@ -59,7 +79,7 @@ def _native_engine(cfg: ModelConfig, streams: int, max_context: int, budget: int
 
     rope = Rope.from_config(cfg)
     return _native_call(_native.Engine, engine_dims(cfg), rope.inv_freq.tolist(), float(rope.attention_factor),
-                        rope.interleave, streams, max_context, budget, device)
+                        rope.interleave, streams, max_context, budget, device, drafter)
 
 
 def _check_supported(cfg: ModelConfig) -> None:
@@ -100,37 +120,65 @@ def validate_request(prompts: Sequence[Sequence[int]], max_new_tokens: int, temp
     return checked
 
 
+def _check_window(window: int | None) -> None:
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise RequestError(f"draft_window must be a positive integer or None, got {window!r}")
+
+
 class Engine:
-    """Generation on one GPU for 1..streams concurrent prompts.
+    """Generation on one GPU for 1..streams concurrent prompts, autoregressive or DDTree with a DFlash drafter.
 
     `streams`, `max_context` (prompt + generated tokens per stream) and `budget` (the most drafted nodes per stream
-    a tree verify takes; its forwards then run streams x (budget + 1) rows) are fixed at creation; the engine
-    refuses, with the numbers, a configuration whose weights, KV caches and scratch do not fit in free device
-    memory.
+    a round's tree holds; its verify forwards run streams x (budget + 1) rows; default: the drafter's block size - 1,
+    0 without a drafter) are fixed at creation; the engine refuses, with the numbers, a configuration whose weights,
+    KV caches, drafter and scratch do not fit in free device memory. `draft_window` keeps only the drafter's last
+    that many context rows per stream (None: all).
     """
 
-    def __init__(self, model_dir: str | Path, streams: int = 1, max_context: int = 4096, budget: int = 0,
-                 device: int = 0) -> None:
+    def __init__(self, model_dir: str | Path, drafter_dir: str | Path | None = None, streams: int = 1,
+                 max_context: int = 4096, budget: int | None = None, device: int = 0,
+                 draft_window: int | None = None) -> None:
         checkpoint = open_checkpoint(model_dir)
-        self._create(checkpoint.config, streams, max_context, budget, device)
+        drafter_config, drafter_checkpoint = (None, None) if drafter_dir is None else \
+            open_drafter(drafter_dir, checkpoint.config)
+        self._create(checkpoint.config, streams, max_context, budget, device, drafter_config, draft_window)
         self._upload(checkpoint)
+        if drafter_checkpoint is not None:
+            self.upload_drafter(drafter_checkpoint)
         self.model_dir: Path | None = Path(model_dir)  # its tokenizer encodes text prompts
 
     @classmethod
-    def random(cls, cfg: ModelConfig, streams: int, max_context: int, budget: int = 0, device: int = 0,
-               seed: int = 0) -> Engine:
-        """An engine with random weights of the right scale (benchmarks at K2 dims with no checkpoint on disk)."""
+    def random(cls, cfg: ModelConfig, streams: int, max_context: int, budget: int | None = None, device: int = 0,
+               seed: int = 0, drafter: DrafterConfig | None = None,
+               drafter_weights: Mapping[str, np.ndarray] | None = None,
+               draft_window: int | None = None) -> Engine:
+        """An engine with random weights of the right scale (benchmarks at K2 dims with no checkpoint on disk), and
+        with `drafter` a drafter of those dims: `drafter_weights` (bf16 bits by checkpoint name), else random."""
         engine = cls.__new__(cls)
-        engine._create(cfg, streams, max_context, budget, device)
+        engine._create(cfg, streams, max_context, budget, device, drafter, draft_window)
         engine._native.randomize_weights(seed)
+        if drafter is not None:
+            if drafter_weights is None:
+                engine._native.randomize_drafter(seed + 1)
+            else:
+                engine.upload_drafter(drafter_weights)
         engine.model_dir = None
         return engine
 
-    def _create(self, cfg: ModelConfig, streams: int, max_context: int, budget: int, device: int) -> None:
+    def _create(self, cfg: ModelConfig, streams: int, max_context: int, budget: int | None, device: int,
+                drafter: DrafterConfig | None, draft_window: int | None) -> None:
         _check_supported(cfg)
+        _check_window(draft_window)
+        if budget is None:
+            budget = drafter.block_size - 1 if drafter is not None else 0
         _check_sizes(streams, max_context, budget, cfg)
+        if drafter is not None and (drafter.hidden_size, drafter.vocab_size) != (cfg.hidden_size, cfg.vocab_size):
+            raise RequestError(f"drafter hidden_size/vocab_size {drafter.hidden_size}/{drafter.vocab_size} differ "
+                               f"from the target's {cfg.hidden_size}/{cfg.vocab_size}")
         self.config, self.streams, self.max_context, self.budget = cfg, streams, max_context, budget
-        self._native = _native_engine(cfg, streams, max_context, budget, device)
+        self.drafter_config, self.draft_window = drafter, draft_window
+        spec = None if drafter is None else drafter_spec(drafter, draft_window)
+        self._native = _native_engine(cfg, streams, max_context, budget, device, spec)
 
     @property
     def native(self) -> Any:
@@ -157,21 +205,61 @@ class Engine:
         if missing:
             raise RuntimeError(f"engine weights incomplete: {missing!r} was not uploaded")
 
-    def generate(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
-                 seed: int = 0) -> list[GenerationResult]:
-        """Generate exactly max_new_tokens tokens for each prompt (one stream each, all decoded together). A prompt
-        may be text, encoded with the checkpoint's tokenizer; its result then holds the decoded text too.
+    def upload_drafter(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Copy every drafter tensor of ``weights`` (bf16 bits by checkpoint name) to the device."""
+        for name in weights:
+            _native_call(self._native.upload_drafter, name, np.ascontiguousarray(weights[name]))
+        missing = self._native.drafter_missing()
+        if missing:
+            raise RuntimeError(f"drafter weights incomplete: {missing!r} was not uploaded")
 
-        temperature 0 is greedy (lowest id on ties); > 0 samples with a seeded Gumbel-max per (stream, position).
+    def _stop_ids(self, stop_token_ids: Sequence[int] | None) -> list[int]:
+        if stop_token_ids is None:
+            return [e for e in self.config.eos_token_ids if 0 <= e < self.config.vocab_size]
+        ids = check_token_ids(stop_token_ids, self.config.vocab_size, "stop_token_ids").tolist()
+        if len(ids) > MAX_STOP_IDS:
+            raise RequestError(f"stop_token_ids: at most {MAX_STOP_IDS} ids, got {len(ids)}")
+        return ids
+
+    def generate(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
+                 seed: int = 0, method: str | None = None, stop_token_ids: Sequence[int] | None = None,
+                 budget: int | None = None, profile: bool = False) -> list[GenerationResult]:
+        """Generate up to max_new_tokens tokens for each prompt (one stream each, all decoded together): fewer when a
+        stop token comes (it is kept; default stop tokens: the config's eos ids, () for none). A prompt may be text,
+        encoded with the checkpoint's tokenizer; its result then holds the decoded text too.
+
+        method: "ddtree" (the default with a drafter: rounds of `budget` nodes, default the engine's) or "ar".
+        temperature 0 is greedy (lowest id on ties); > 0 samples with a seeded Gumbel-max per (stream, position),
+        the same in both methods, so DDTree's tokens equal AR's bit for bit. profile: DDTree rounds run eagerly with
+        each stage timed (GenerationResult.stage_seconds, summed over the rounds).
         """
+        method = method if method is not None else ("ddtree" if self.drafter_config is not None else "ar")
+        if method not in METHODS:
+            raise RequestError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
         prompt_ids, tokenizer = encode_prompts(prompts, self.model_dir)
         checked = validate_request(prompt_ids, max_new_tokens, temperature, self.streams, self.max_context,
                                    self.config.vocab_size)
         seed = check_seed(seed)
-        tokens, prefill_seconds, decode_seconds = _native_call(self._native.generate, checked, max_new_tokens,
-                                                               float(temperature), seed)
-        return [with_text(GenerationResult(tokens=list(t), prefill_seconds=prefill_seconds,
-                                           decode_seconds=decode_seconds), tokenizer) for t in tokens]
+        stops = self._stop_ids(stop_token_ids)
+        if method == "ar":
+            tokens, prefill_seconds, decode_seconds = _native_call(self._native.generate, checked, max_new_tokens,
+                                                                   float(temperature), seed)
+            results = [GenerationResult(tokens=cut_at_stop(list(t), stops)[0], prefill_seconds=prefill_seconds,
+                                        decode_seconds=decode_seconds) for t in tokens]
+            return [with_text(r, tokenizer) for r in results]
+        if self.drafter_config is None:
+            raise RequestError("method 'ddtree' needs a drafter: create the Engine with drafter_dir")
+        budget = self.budget if budget is None else budget
+        if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= self.budget:
+            raise RequestError(f"budget must be an integer in 1..{self.budget} (the engine's), got {budget!r}")
+        out = _native_call(self._native.generate_ddtree, checked, max_new_tokens, float(temperature), seed, budget,
+                           stops, bool(profile))
+        stages = dict(out["stages"])
+        results = [GenerationResult(tokens=cut_at_stop(list(t), stops)[0], prefill_seconds=out["prefill_seconds"],
+                                    decode_seconds=out["decode_seconds"], accept_lengths=list(a),
+                                    stage_seconds=stages)
+                   for t, a in zip(out["tokens"], out["accept_lengths"])]
+        return [with_text(r, tokenizer) for r in results]
 
 
-__all__ = ["Engine", "engine_dims", "validate_request"]
+__all__ = ["Engine", "drafter_dims", "drafter_spec", "engine_dims", "validate_request"]

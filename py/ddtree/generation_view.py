@@ -93,6 +93,11 @@ def show_results(run: Run, results: Sequence[GenerationResult], console: Console
             line += (f", {len(result.accept_lengths)} rounds, mean acceptance length {_mean_acceptance(result):.2f}; "
                      f"acceptance length per round: {' '.join(map(str, result.accept_lengths))}")
         console.out(line, highlight=False)
+    if results and results[0].stage_seconds:
+        stages = results[0].stage_seconds
+        total = sum(stages.values())
+        split = ", ".join(f"{name} {sec * 1e3:.2f} ms ({sec / total:.0%})" for name, sec in stages.items())
+        console.out(f"round stages (device time over all rounds, eager): {split}", highlight=False)
     lengths = [length for result in results for length in result.accept_lengths]
     if lengths and sum(lengths) / len(lengths) < NEAR_ONE_ACCEPTANCE:
         console.out(f"note: a mean acceptance length near 1 ({sum(lengths) / len(lengths):.2f}) means the drafter "
@@ -116,4 +121,7 @@ def _json(run: Run, results: Sequence[GenerationResult]) -> dict[str, object]:
         if run.prompt_texts is not None:
             stream.update(prompt=run.prompt_texts[i], text=result.text)
         streams.append(stream)
-    return {"backend": run.backend, "method": run.method, "streams": streams}
+    out: dict[str, object] = {"backend": run.backend, "method": run.method, "streams": streams}
+    if results and results[0].stage_seconds:
+        out["stage_seconds"] = results[0].stage_seconds
+    return out

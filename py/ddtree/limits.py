@@ -9,6 +9,9 @@ from ddtree.config import ModelConfig
 # budget + 1 rows per stream, and the reference's attention scores grow with the square of that
 # (reference_verify_bytes): budget 100000 on the tiny preset would need 149 GiB.
 MAX_TREE_BUDGET = 1024
+# The most stop token ids one GPU generation takes (the round checks each committed token against them on the
+# device).
+MAX_STOP_IDS = 64
 # Seeds key the GPU engine's sampling noise as uint64.
 SEED_LIMIT = 1 << 64
 FLOAT32_BYTES = 4

@@ -16,7 +16,8 @@ class GenerationResult:
     """One stream's output. The first token comes from the prefill; `decode_seconds` covers the rest.
 
     `accept_lengths` holds one entry per DDTree round (empty for autoregressive decoding); `text` is the decoded
-    tokens when the prompt was text (None for token ids).
+    tokens when the prompt was text (None for token ids); `stage_seconds` the device time of each DDTree stage
+    summed over the rounds, when the GPU engine was asked to profile (shared by the streams of one call).
     """
 
     tokens: list[int]
@@ -24,6 +25,7 @@ class GenerationResult:
     decode_seconds: float
     accept_lengths: list[int] = field(default_factory=list)
     text: str | None = None
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # device time per DDTree stage, when profiled
 
     @property
     def tokens_per_second(self) -> float:

@@ -1,6 +1,7 @@
 """The DDTree round on the GPU (one captured graph per bucket, replayed): generated tokens equal the engine's own
-autoregressive tokens bitwise, greedy and sampled, with draft candidates from the oracle (they hold the
-autoregressive continuation at a drawn rank, so paths of every length up to the depth limit are accepted)."""
+autoregressive tokens bitwise, greedy and sampled. With the drafter's own candidates (random weights: short
+paths), and with the oracle replacing them after the drafter's forward (candidates that hold the autoregressive
+continuation at a drawn rank, so paths of every length up to the depth limit are accepted)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import ddtree  # noqa: E402
+from ddtree.drafter import drafter_config_for, make_drafter  # noqa: E402
+from ddtree.errors import RequestError  # noqa: E402
 from ddtree.presets import preset_config  # noqa: E402
+from ddtree.results import cut_at_stop  # noqa: E402
 from engine_models import TINY_FUSED, model_config  # noqa: E402
 
 NEW_TOKENS = 64
-DEPTH = 7  # the Kimi-K2.5-DFlash drafter's block of 8
+DRAFTERS = {"tiny": "tiny", "small": "small", TINY_FUSED: "tiny", "k2-layers": "k2-layers"}
 
 
 @pytest.fixture(autouse=True)
@@ -25,79 +29,181 @@ def _release_engines():
     gc.collect()
 
 
+@pytest.fixture(scope="module")
+def drafter_dirs(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    dirs = {}
+    for model in ("tiny", "small", TINY_FUSED):
+        dirs[model] = tmp_path_factory.mktemp(f"drafter-{model}")
+        make_drafter(model_config(model), dirs[model], seed=5, preset=DRAFTERS[model])
+    return dirs
+
+
 def _prompts(vocab: int, lengths: list[int], seed: int) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, vocab, n).tolist() for n in lengths]
 
 
-def _engine(model: str, model_dirs: dict[str, Path], streams: int, budget: int):
+def _config(model: str):
+    return preset_config("k2-layers", 3) if model == "k2-layers" else model_config(model)
+
+
+def _engine(model: str, model_dirs: dict[str, Path], drafter_dirs: dict[str, Path], streams: int, budget: int,
+            window: int | None = None):
     if model == "k2-layers":
-        return ddtree.Engine.random(preset_config("k2-layers", 3), streams, 512, budget=budget, seed=2)
-    return ddtree.Engine(model_dirs[model], streams=streams, max_context=512, budget=budget)
+        cfg = _config(model)
+        return ddtree.Engine.random(cfg, streams, 512, budget=budget, seed=2,
+                                    drafter=drafter_config_for(cfg, "k2-layers"), draft_window=window)
+    return ddtree.Engine(model_dirs[model], drafter_dirs[model], streams=streams, max_context=512, budget=budget,
+                         draft_window=window)
 
 
-def _check_round_equals_ar(engine, vocab: int, streams: int, budget: int, temperature: float, hit: float,
-                           seed: int) -> list[list[int]]:
-    prompts = _prompts(vocab, [5 + 29 * i for i in range(streams)], seed)
-    ar = [r.tokens for r in engine.generate(prompts, NEW_TOKENS, temperature=temperature, seed=seed)]
-    tokens, accepts, rounds, _, _ = engine.native.generate_oracle(
-        prompts, NEW_TOKENS, temperature, seed, ar, [hit] * DEPTH, seed + 1, budget, DEPTH, min(budget, 8))
+def _depth(engine) -> int:
+    return engine.drafter_config.block_size - 1
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _check_round_equals_ar(engine, streams: int, budget: int, temperature: float, hit: float | None,
+                           seed: int, stops: tuple[int, ...] = ()) -> list[list[int]]:
+    """DDTree tokens (oracle candidates with rank-0 probability `hit` per depth, or the drafter's own when None)
+    equal AR's; returns each stream's accept lengths."""
+    prompts = _prompts(engine.config.vocab_size, [5 + 29 * i for i in range(streams)], seed)
+    ar = [r.tokens for r in engine.generate(prompts, NEW_TOKENS, temperature=temperature, seed=seed, method="ar",
+                                            stop_token_ids=())]
+    depth = _depth(engine)
+    oracle = {} if hit is None else {"reference": ar, "hit": [hit] * depth, "oracle_seed": seed + 1}
+    out = engine.native.generate_ddtree(prompts, NEW_TOKENS, temperature, seed, budget, list(stops), **oracle)
     for s in range(streams):
-        assert tokens[s] == ar[s], f"stream {s}: first difference at token " \
-            f"{next(i for i, (a, b) in enumerate(zip(tokens[s], ar[s])) if a != b)}"
-        assert sum(accepts[s]) >= NEW_TOKENS - 1 and all(1 <= a <= DEPTH + 1 for a in accepts[s]), accepts[s]
-    assert rounds >= max(len(a) for a in accepts)
-    return accepts
+        want = cut_at_stop(ar[s], stops)[0]
+        got = cut_at_stop(out["tokens"][s], stops)[0]
+        assert got == want, f"stream {s}: first difference at token {_first_difference(got, want)}"
+        accepts = out["accept_lengths"][s]
+        assert all(1 <= a <= depth + 1 for a in accepts), accepts
+        if not stops:
+            assert len(out["tokens"][s]) == NEW_TOKENS and sum(accepts) >= NEW_TOKENS - 1, accepts
+    assert out["rounds"] >= max(len(a) for a in out["accept_lengths"])
+    return out["accept_lengths"]
 
 
 @pytest.mark.parametrize("model", ["tiny", "small", TINY_FUSED, "k2-layers"])
 @pytest.mark.parametrize("streams", [1, 3, 16])
-def test_greedy_round_equals_autoregressive(model: str, streams: int, model_dirs: dict[str, Path]) -> None:
-    vocab = preset_config("k2-layers", 3).vocab_size if model == "k2-layers" else model_config(model).vocab_size
-    engine = _engine(model, model_dirs, streams, 255)
+def test_greedy_round_equals_autoregressive(model: str, streams: int, model_dirs: dict[str, Path],
+                                            drafter_dirs: dict[str, Path]) -> None:
+    engine = _engine(model, model_dirs, drafter_dirs, streams, 255)
+    depth = _depth(engine)
     for budget in (1, 2, 8, 32, 64, 255):
-        accepts = _check_round_equals_ar(engine, vocab, streams, budget, 0.0, 0.9, seed=budget)
+        accepts = _check_round_equals_ar(engine, streams, budget, 0.0, 0.9, seed=budget)
         if budget >= 8:
             mean = np.mean([a for stream in accepts for a in stream])
             assert mean >= 4, (budget, mean)
-            assert {DEPTH + 1} <= {a for stream in accepts for a in stream}  # whole-depth paths committed
+            assert {depth + 1} <= {a for stream in accepts for a in stream}  # whole-depth paths committed
+    # The drafter's own candidates (random weights: mostly the root alone, sometimes more).
+    _check_round_equals_ar(engine, streams, 32, 0.0, None, seed=1)
 
 
 @pytest.mark.parametrize("model", ["tiny", TINY_FUSED])
-def test_sampled_round_equals_sampled_autoregressive(model: str, model_dirs: dict[str, Path]) -> None:
+def test_sampled_round_equals_sampled_autoregressive(model: str, model_dirs: dict[str, Path],
+                                                     drafter_dirs: dict[str, Path]) -> None:
     """Gumbel-max noise is keyed by (seed, stream, position) in both: a node on the accepted path draws what AR
     draws at its position."""
-    engine = _engine(model, model_dirs, 3, 32)
+    engine = _engine(model, model_dirs, drafter_dirs, 3, 32)
     for budget in (8, 32):
-        _check_round_equals_ar(engine, model_config(model).vocab_size, 3, budget, 0.8, 0.9, seed=7 + budget)
+        _check_round_equals_ar(engine, 3, budget, 0.8, 0.9, seed=7 + budget)
+        _check_round_equals_ar(engine, 3, budget, 0.8, None, seed=7 + budget)
 
 
-def test_round_with_misses_and_one_token(model_dirs: dict[str, Path]) -> None:
-    """A drafter that is never right (one candidate per depth, never the continuation): one token per round, still
-    the AR tokens; and a single new token (no round)."""
-    engine = _engine("tiny", model_dirs, 2, 8)
+def test_window_round_equals_autoregressive(model_dirs: dict[str, Path], drafter_dirs: dict[str, Path]) -> None:
+    """A drafter context window shorter than the prompts (its ring wraps during the prefill and the rounds)."""
+    engine = _engine("tiny", model_dirs, drafter_dirs, 3, 16, window=24)
+    _check_round_equals_ar(engine, 3, 16, 0.0, None, seed=3)
+    _check_round_equals_ar(engine, 3, 16, 0.0, 0.9, seed=4)
+
+
+def test_replayed_round_equals_eager_round(model_dirs: dict[str, Path], drafter_dirs: dict[str, Path]) -> None:
+    """profile=True runs every round eagerly, stage by stage: the same tokens and accept lengths as the graphs."""
+    engine = _engine("tiny", model_dirs, drafter_dirs, 3, 16)
+    prompts = _prompts(512, [7, 40, 19], 5)
+    for oracle in ({}, {"reference": [[0] * NEW_TOKENS] * 3, "hit": [0.5] * 7, "oracle_seed": 2}):
+        replayed = engine.native.generate_ddtree(prompts, NEW_TOKENS, 0.7, 9, 16, **oracle)
+        eager = engine.native.generate_ddtree(prompts, NEW_TOKENS, 0.7, 9, 16, profile=True, **oracle)
+        assert eager["tokens"] == replayed["tokens"] and eager["accept_lengths"] == replayed["accept_lengths"]
+        stages = dict(eager["stages"])
+        assert {"draft", "draft_topk", "tree_build", "verify", "accept", "commit", "draft_append"} <= set(stages)
+        assert all(sec > 0 for sec in stages.values()) and replayed["stages"] == []
+        assert replayed["host_seconds_per_round"] > 0
+
+
+def test_streams_stop_at_different_rounds(model_dirs: dict[str, Path], drafter_dirs: dict[str, Path]) -> None:
+    """A stop id ends each stream where AR's tokens first hold it (streams then leave the batch); the others run to
+    max_new_tokens; tokens equal AR's cut at the stop, through the Python API as through the native one."""
+    engine = _engine("tiny", model_dirs, drafter_dirs, 4, 16)
+    prompts = _prompts(512, [6, 30, 13, 51], 8)
+    ar = [r.tokens for r in engine.generate(prompts, NEW_TOKENS, method="ar", stop_token_ids=())]
+    stops = (ar[1][9], ar[3][30])
+    cut = [cut_at_stop(t, stops)[0] for t in ar]
+    assert len({len(c) for c in cut}) > 1  # the streams stop at different lengths
+    for hit in (0.9, None):
+        _check_round_equals_ar(engine, 4, 16, 0.0, hit, seed=8, stops=stops)
+    ddtree_results = engine.generate(prompts, NEW_TOKENS, method="ddtree", stop_token_ids=stops)
+    assert [r.tokens for r in ddtree_results] == cut
+    assert [r.tokens for r in engine.generate(prompts, NEW_TOKENS, method="ar", stop_token_ids=stops)] == cut
+    assert all(r.accept_lengths and r.decode_seconds > 0 for r in ddtree_results)
+
+
+def test_round_with_misses_and_one_token(model_dirs: dict[str, Path], drafter_dirs: dict[str, Path]) -> None:
+    """An oracle that is never right: one token per round, still the AR tokens; and a single new token (no
+    round)."""
+    engine = _engine("tiny", model_dirs, drafter_dirs, 2, 8)
     prompts = _prompts(512, [5, 34], 3)
-    ar = [r.tokens for r in engine.generate(prompts, NEW_TOKENS)]
-    tokens, accepts, rounds, _, _ = engine.native.generate_oracle(prompts, NEW_TOKENS, 0.0, 3, ar, [0.0] * DEPTH, 4,
-                                                                  1, DEPTH, 1)
-    assert tokens == ar and rounds >= NEW_TOKENS - 1
-    assert all(a == 1 for stream in accepts for a in stream)
+    ar = [r.tokens for r in engine.generate(prompts, NEW_TOKENS, method="ar", stop_token_ids=())]
+    out = engine.native.generate_ddtree(prompts, NEW_TOKENS, 0.0, 3, 1, reference=ar, hit=[0.0] * 7, oracle_seed=4)
+    assert out["tokens"] == ar and out["rounds"] >= NEW_TOKENS - 1
+    assert all(a == 1 for stream in out["accept_lengths"] for a in stream)
     prompts = _prompts(512, [4, 9], 1)
-    ar = [r.tokens for r in engine.generate(prompts, 1)]
-    tokens, accepts, rounds, _, _ = engine.native.generate_oracle(prompts, 1, 0.0, 0, ar, [0.9] * DEPTH, 1, 8,
-                                                                  DEPTH, 8)
-    assert tokens == ar and rounds == 0
+    ar = [r.tokens for r in engine.generate(prompts, 1, method="ar", stop_token_ids=())]
+    out = engine.native.generate_ddtree(prompts, 1, 0.0, 0, 8)
+    assert out["tokens"] == ar and out["rounds"] == 0
 
 
-def test_round_refuses_bad_arguments(model_dirs: dict[str, Path]) -> None:
-    engine = _engine("tiny", model_dirs, 1, 8)
+def test_oracle_alone_in_an_engine_without_drafter(model_dirs: dict[str, Path]) -> None:
+    engine = ddtree.Engine(model_dirs["tiny"], streams=3, max_context=512, budget=32)
+    prompts = _prompts(512, [5, 34, 63], 4)
+    ar = [r.tokens for r in engine.generate(prompts, NEW_TOKENS, stop_token_ids=())]
+    out = engine.native.generate_ddtree(prompts, NEW_TOKENS, 0.0, 4, 32, reference=ar, hit=[0.9] * 7,
+                                        oracle_seed=5, depth_limit=7, width=8)
+    assert out["tokens"] == ar
+    assert np.mean([a for stream in out["accept_lengths"] for a in stream]) >= 4
+    with pytest.raises(RequestError, match="needs a drafter"):
+        engine.generate(prompts, 8, method="ddtree")
+    with pytest.raises(ValueError, match="no drafter"):
+        engine.native.generate_ddtree(prompts, 8, 0.0, 0, 8)
+
+
+def test_round_refuses_bad_arguments(model_dirs: dict[str, Path], drafter_dirs: dict[str, Path]) -> None:
+    engine = _engine("tiny", model_dirs, drafter_dirs, 1, 8)
     native = engine.native
-    good = ([[1, 2]], 8, 0.0, 0, [[0] * 8], [0.5] * DEPTH, 1, 8, DEPTH, 4)
-    for index, value, message in [(7, 9, "budget must be in 1..8"), (8, 16, "depth_limit"), (9, 9, "width"),
-                                  (5, [0.5], "hit"), (5, [float("nan")] * DEPTH, "hit"),
-                                  (4, [[0] * 8, [0] * 8], "reference"),
-                                  (1, 600, "max_new_tokens")]:
-        args = list(good)
-        args[index] = value
+    good = dict(prompts=[[1, 2]], max_new_tokens=8, temperature=0.0, seed=0, budget=8, reference=[[0] * 8],
+                hit=[0.5] * 7, oracle_seed=1)
+    for key, value, message in [("budget", 9, "budget must be in 1..8"), ("hit", [0.5], "hit"),
+                                ("hit", [float("nan")] * 7, "hit"), ("reference", [[0] * 8, [0] * 8], "reference"),
+                                ("max_new_tokens", 600, "max_new_tokens"), ("stop_ids", [512], "stop_token_ids"),
+                                ("stop_ids", [1] * 65, "stop_token_ids"), ("hit", None, "reference and hit")]:
         with pytest.raises(ValueError, match=message):
-            native.generate_oracle(*args)
+            native.generate_ddtree(**{**good, key: value})
+    with pytest.raises(RequestError, match="budget must be an integer in 1..8"):
+        engine.generate([[1, 2]], 4, budget=9)
+    with pytest.raises(RequestError, match="stop_token_ids"):
+        engine.generate([[1, 2]], 4, stop_token_ids=[512])
+    with pytest.raises(RequestError, match="method"):
+        engine.generate([[1, 2]], 4, method="beam")
+
+
+def test_preflight_counts_the_drafter() -> None:
+    """A K2-sized drafter's cache for 64 streams x 163840 positions (about 200 GiB) does not fit beside the target:
+    refused before anything is allocated, with the drafter's bytes named."""
+    cfg = preset_config("k2-layers", 3)
+    drafter = drafter_config_for(cfg, "k2-layers")
+    with pytest.raises(RequestError, match=r"drafter [0-9]{3}\.[0-9]{2} GiB"):
+        ddtree.Engine.random(cfg, 64, 163840, drafter=drafter)

@@ -87,7 +87,7 @@ def test_greedy_matches_reference_teacher_forced(preset: str, model_dirs: dict[s
     cfg = model_config(preset)
     prompts = _prompts(cfg.vocab_size, [5, 1, 17, 70], seed=1)  # 70 > one 64-row prefill chunk
     engine = ddtree.Engine(model_dirs[preset], streams=4, max_context=160)
-    results = engine.generate(prompts, NEW_TOKENS)
+    results = engine.generate(prompts, NEW_TOKENS, stop_token_ids=())
     reference = ReferenceModel.load(model_dirs[preset])
     summaries = []
     for s, (prompt, result) in enumerate(zip(prompts, results)):
@@ -97,7 +97,7 @@ def test_greedy_matches_reference_teacher_forced(preset: str, model_dirs: dict[s
 
 
 def _assert_graph_decode_equals_eager_steps(engine, prompts: list[list[int]], new_tokens: int) -> None:
-    results = engine.generate(prompts, new_tokens)
+    results = engine.generate(prompts, new_tokens, stop_token_ids=())
     native = engine.native
     streams = list(range(len(prompts)))
     first = native.prefill(prompts, 0.0, 0)
@@ -116,7 +116,8 @@ def test_graph_decode_equals_eager_steps(model_dirs: dict[str, Path]) -> None:
     prompts = _prompts(512, [4, 9, 2], seed=2)
     _assert_graph_decode_equals_eager_steps(engine, prompts, 12)
     # one new token: the prefill's, with no decode step
-    assert [r.tokens for r in engine.generate(prompts, 1)] == [r.tokens[:1] for r in engine.generate(prompts, 12)]
+    one = engine.generate(prompts, 1, stop_token_ids=())
+    assert [r.tokens for r in one] == [r.tokens[:1] for r in engine.generate(prompts, 12, stop_token_ids=())]
 
 
 @pytest.mark.parametrize("lengths,max_context", [([4090, 4093], 4160), ([8186, 8189], 8224)])
@@ -171,9 +172,9 @@ def test_forward_is_deterministic(preset: str, model_dirs: dict[str, Path]) -> N
 def test_sampled_generation_is_reproducible(model_dirs: dict[str, Path]) -> None:
     engine = ddtree.Engine(model_dirs["tiny"], streams=2, max_context=64)
     prompts = _prompts(512, [6, 3], seed=4)
-    a = engine.generate(prompts, 16, temperature=0.9, seed=5)
-    b = engine.generate(prompts, 16, temperature=0.9, seed=5)
-    c = engine.generate(prompts, 16, temperature=0.9, seed=6)
+    a = engine.generate(prompts, 16, temperature=0.9, seed=5, stop_token_ids=())
+    b = engine.generate(prompts, 16, temperature=0.9, seed=5, stop_token_ids=())
+    c = engine.generate(prompts, 16, temperature=0.9, seed=6, stop_token_ids=())
     assert [r.tokens for r in a] == [r.tokens for r in b]
     assert [r.tokens for r in a] != [r.tokens for r in c]
 
@@ -181,11 +182,11 @@ def test_sampled_generation_is_reproducible(model_dirs: dict[str, Path]) -> None
 def test_engine_rejects_bad_requests(model_dirs: dict[str, Path]) -> None:
     engine = ddtree.Engine(model_dirs["tiny"], streams=2, max_context=32)
     with pytest.raises(RequestError, match="3 prompts but the engine was created for 2 streams"):
-        engine.generate([[1], [2], [3]], 4)
+        engine.generate([[1], [2], [3]], 4, stop_token_ids=())
     with pytest.raises(RequestError, match="token id 512 at position 1 is outside the vocabulary"):
-        engine.generate([[1, 512]], 4)
+        engine.generate([[1, 512]], 4, stop_token_ids=())
     with pytest.raises(RequestError, match="exceed max_context 32"):
-        engine.generate([[1] * 30], 4)
+        engine.generate([[1] * 30], 4, stop_token_ids=())
 
 
 def test_time_decode_samples_and_rejects_a_bad_temperature(model_dirs: dict[str, Path]) -> None:
