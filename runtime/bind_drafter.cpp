@@ -27,9 +27,9 @@ T field(const nb::dict& d, const char* key) {
 }
 
 std::vector<std::pair<std::string, double>> profile(EagerDrafter& e, const std::vector<int32_t>& streams,
-                                                    const std::vector<int32_t>& bonus, int iters) {
+                                                    const std::vector<int32_t>& bonus, int iters, int k) {
     nb::gil_scoped_release release;
-    return e.profile_round(streams, bonus, iters);
+    return e.profile_round(streams, bonus, iters, k);
 }
 
 }  // namespace
@@ -116,6 +116,21 @@ void bind_drafter(nb::module_& m) {
             nb::arg("streams"), nb::arg("bonus"),
             "Block forward of each listed stream at its committed length: fp32 logits [streams, block - 1, vocab].")
         .def(
+            "draft_top_k",
+            [](EagerDrafter& e, const std::vector<int32_t>& streams, const std::vector<int32_t>& bonus, int k) {
+                std::pair<std::vector<float>, std::vector<int32_t>> top;
+                {
+                    nb::gil_scoped_release release;
+                    top = e.draft_top_k(streams, bonus, k);
+                }
+                const size_t rows = e.dims().block - 1;
+                return nb::make_tuple(to_numpy(std::move(top.first), {streams.size(), rows, static_cast<size_t>(k)}),
+                                      to_numpy(std::move(top.second), {streams.size(), rows, static_cast<size_t>(k)}));
+            },
+            nb::arg("streams"), nb::arg("bonus"), nb::arg("k"),
+            "Block forward of each listed stream and its per-depth log-softmax top-k on the device: fp32 log-probs "
+            "and int32 ids [streams, block - 1, k].")
+        .def(
             "cache_rows",
             [](const EagerDrafter& e, int stream, int layer) {
                 auto [k, v] = e.cache_rows(stream, layer);
@@ -128,12 +143,12 @@ void bind_drafter(nb::module_& m) {
         .def("randomize_cache", &EagerDrafter::randomize_cache, nb::arg("seed"),
              nb::call_guard<nb::gil_scoped_release>())
         .def("set_committed", &EagerDrafter::set_committed, nb::arg("streams"), nb::arg("lengths"))
-        .def("profile_round", &profile, nb::arg("streams"), nb::arg("bonus"), nb::arg("iters"),
-             "Device seconds per operation of the last append launch + the block forward (eager, one launch at a "
-             "time).")
+        .def("profile_round", &profile, nb::arg("streams"), nb::arg("bonus"), nb::arg("iters"), nb::arg("k") = 0,
+             "Device seconds per operation of the last append launch + the block forward + its top-k (k 0: none) "
+             "(eager, one launch at a time).")
         .def("time_round", &EagerDrafter::time_round, nb::arg("streams"), nb::arg("bonus"), nb::arg("iters"),
-             nb::call_guard<nb::gil_scoped_release>(),
-             "Device seconds of the last append launch + the block forward, back to back.")
+             nb::arg("k") = 0, nb::call_guard<nb::gil_scoped_release>(),
+             "Device seconds of the last append launch + the block forward + its top-k, back to back.")
         .def_static(
             "planned_bytes",
             [](const nb::dict& dims, int streams, int capacity, int max_append) {

@@ -11,10 +11,10 @@
 #include "cuda_check.h"
 #include "draft_rows.cuh"
 #include "op_timeline.h"
-#include "topk.cuh"
 #include "tree_accept.cuh"
 #include "tree_build.cuh"
 #include "tree_commit.cuh"
+#include "topk.cuh"
 #include "tree_rows.cuh"
 
 namespace ddtree {
@@ -22,6 +22,8 @@ namespace ddtree {
 namespace k = ddtree::kernels;
 
 namespace {
+
+static_assert(k::kTopkMax >= k::kTreeMaxBudget, "the drafter's top-k covers every budget");
 
 // Ints of one stream's pinned output: history row, accept-log row, count, rounds.
 size_t output_ints(int history_ld) { return 2 * static_cast<size_t>(history_ld) + 2; }
@@ -127,10 +129,7 @@ void DdtreeRound::record_round(const RoundKey& key, OpTimeline* timeline) {
                                     key.draft_span},
                                    nullptr);
         });
-        stage("draft_topk", [&] {
-            CUDA_CHECK(k::topk_log_softmax(st.log_probs, st.token_ids, drafter->logits(), d.vocab,
-                                           n * key.depth_limit, d.vocab, width, s));
-        });
+        drafter->top_k(n, width, st.log_probs, st.token_ids, timeline);
     }
     if (key.oracle) {
         stage("oracle", [&] {
@@ -191,7 +190,7 @@ void DdtreeRound::check(const RoundRequest& r, int depth_limit, int width) const
         throw std::invalid_argument("depth_limit must be in 1.." + std::to_string(k::kTreeMaxDepth) + ", got " +
                                     std::to_string(depth_limit));
     }
-    if (width < 1 || width > r.budget || width > k::kTopkMax || (r.oracle != nullptr && width >= vocab)) {
+    if (width < 1 || width > r.budget || (r.oracle != nullptr && width >= vocab)) {
         throw std::invalid_argument("width: the oracle's candidates per depth must be 1..budget (" +
                                     std::to_string(r.budget) + ") and below the vocabulary");
     }

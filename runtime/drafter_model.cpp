@@ -13,6 +13,7 @@
 #include "gqa_attn.cuh"
 #include "head_norm_rope.cuh"
 #include "rmsnorm.cuh"
+#include "topk.cuh"
 
 namespace ddtree {
 
@@ -204,8 +205,19 @@ void DrafterModel::block_forward(const DraftBlockRows& rows, OpTimeline* timelin
     });
     gemm("lm_head", s_.head_in, d.hidden, w.lm_head, s_.logits, d.vocab, head_rows, d.vocab, d.hidden,
          k::GemmEpilogue::kF32);
-    // TOP-K HOOK: the per-depth log-softmax top-K (kernels/topk.cuh, topk_log_softmax) reads s_.logits
-    // [head_rows][vocab] here, on stream_, so that no [B - 1, vocab] row ever leaves the device.
+}
+
+void DrafterModel::top_k(int streams, int k_out, float* log_probs, int32_t* ids, OpTimeline* timeline) {
+    const DrafterDims& d = dims_;
+    if (streams < 1 || streams > streams_ || k_out < 1 || k_out > std::min(d.vocab, k::kTopkMax)) {
+        throw std::invalid_argument("top_k of " + std::to_string(streams) + " streams at k = " +
+                                    std::to_string(k_out) + "; the drafter takes 1.." + std::to_string(streams_) +
+                                    " streams and k in 1.." + std::to_string(std::min(d.vocab, k::kTopkMax)));
+    }
+    timed_op(timeline, "top_k", [&] {
+        CUDA_CHECK(k::topk_log_softmax(log_probs, ids, s_.logits, d.vocab, streams * (d.block - 1), d.vocab, k_out,
+                                       stream_));
+    });
 }
 
 }  // namespace ddtree

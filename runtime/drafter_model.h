@@ -75,6 +75,10 @@ class DrafterModel {
     // A timeline times each launch (OpTimeline), one at a time.
     void append(const DraftAppendRows& rows, OpTimeline* timeline);
     void block_forward(const DraftBlockRows& rows, OpTimeline* timeline);
+    // The per-depth candidates of the last block forward of `streams` streams: log-softmax top-k of each logit row
+    // (kernels/topk.cuh), log_probs / ids [streams][B - 1][k], 1 <= k <= min(vocab, kTopkMax). No logit row leaves
+    // the device.
+    void top_k(int streams, int k, float* log_probs, int32_t* ids, OpTimeline* timeline);
 
   private:
     DrafterDims dims_;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda_check.h"
+#include "topk.cuh"
 
 namespace ddtree {
 
@@ -16,6 +17,11 @@ int capacity_for(int max_context, int window) { return window > 0 ? std::min(win
 // Int32 entries of the block tables for `streams` streams of block size `block`.
 size_t block_table_entries(int streams, int block) {
     return static_cast<size_t>(streams) * (2 * block + 2 + (block - 1));
+}
+
+// Entries of the top-k outputs (log-probs and ids each) at the largest k.
+size_t top_k_entries(int streams, int block) {
+    return static_cast<size_t>(streams) * (block - 1) * kernels::kTopkMax;
 }
 
 }  // namespace
@@ -33,7 +39,8 @@ EagerDrafter::EagerDrafter(const DrafterDims& dims, const RopeTable& rope, const
     const int capacity = capacity_for(max_context, window);
     CUDA_CHECK(cudaSetDevice(device));
     const size_t tables = static_cast<size_t>(max_append) * dims.context_width() * 2 +
-                          (2 * static_cast<size_t>(max_append) + block_table_entries(streams, dims.block)) * 4 + 64;
+                          (2 * static_cast<size_t>(max_append) + block_table_entries(streams, dims.block)) * 4 +
+                          top_k_entries(streams, dims.block) * 8 + 64;
     const size_t planned = DrafterModel::planned_bytes(dims, streams, capacity, max_append) + tables;
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -48,6 +55,8 @@ EagerDrafter::EagerDrafter(const DrafterDims& dims, const RopeTable& rope, const
         features_ = arena_.take<kernels::bf16>(static_cast<size_t>(max_append) * dims.context_width());
         append_tables_ = arena_.take<int32_t>(2 * static_cast<size_t>(max_append));
         block_tables_ = arena_.take<int32_t>(block_table_entries(streams, dims.block));
+        top_log_probs_ = arena_.take<float>(top_k_entries(streams, dims.block));
+        top_ids_ = arena_.take<int32_t>(top_k_entries(streams, dims.block));
     } catch (...) {
         model_.reset();
         cudaStreamDestroy(stream_);
@@ -183,6 +192,20 @@ std::vector<float> EagerDrafter::draft(const std::vector<int32_t>& streams, cons
     return logits;
 }
 
+std::pair<std::vector<float>, std::vector<int32_t>> EagerDrafter::draft_top_k(const std::vector<int32_t>& streams,
+                                                                             const std::vector<int32_t>& bonus,
+                                                                             int k) {
+    const DraftBlockRows rows = stage_block(streams, bonus);
+    model_->block_forward(rows, nullptr);
+    model_->top_k(rows.streams, k, top_log_probs_, top_ids_, nullptr);
+    const size_t n = static_cast<size_t>(rows.streams) * (dims().block - 1) * k;
+    std::pair<std::vector<float>, std::vector<int32_t>> out{std::vector<float>(n), std::vector<int32_t>(n)};
+    CUDA_CHECK(cudaMemcpyAsync(out.first.data(), top_log_probs_, n * 4, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(out.second.data(), top_ids_, n * 4, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return out;
+}
+
 std::pair<std::vector<uint16_t>, std::vector<uint16_t>> EagerDrafter::cache_rows(int stream, int layer) const {
     check_stream(stream, "cache_rows");
     const DrafterDims& d = dims();
@@ -223,20 +246,21 @@ void EagerDrafter::set_committed(const std::vector<int32_t>& streams, const std:
     }
 }
 
-void EagerDrafter::run_round(const DraftBlockRows& block, OpTimeline* timeline) {
+void EagerDrafter::run_round(const DraftBlockRows& block, int k, OpTimeline* timeline) {
     model_->append(last_append_, timeline);
     model_->block_forward(block, timeline);
+    if (k > 0) model_->top_k(block.streams, k, top_log_probs_, top_ids_, timeline);
 }
 
 StepProfile EagerDrafter::profile_round(const std::vector<int32_t>& streams, const std::vector<int32_t>& bonus,
-                                        int iters) {
+                                        int iters, int k) {
     const DraftBlockRows block = stage_block(streams, bonus);
-    run_round(block, nullptr);  // warm-up
+    run_round(block, k, nullptr);  // warm-up
     std::map<std::string, double> seconds;
     for (int i = 0; i < iters; ++i) {
         OpTimeline timeline(stream_);
         hold_stream_for_timing(stream_);
-        run_round(block, &timeline);
+        run_round(block, k, &timeline);
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         timeline.accumulate(seconds);
     }
@@ -245,12 +269,13 @@ StepProfile EagerDrafter::profile_round(const std::vector<int32_t>& streams, con
     return out;
 }
 
-double EagerDrafter::time_round(const std::vector<int32_t>& streams, const std::vector<int32_t>& bonus, int iters) {
+double EagerDrafter::time_round(const std::vector<int32_t>& streams, const std::vector<int32_t>& bonus, int iters,
+                                int k) {
     const DraftBlockRows block = stage_block(streams, bonus);
-    run_round(block, nullptr);  // warm-up
+    run_round(block, k, nullptr);  // warm-up
     hold_stream_for_timing(stream_);
     PhaseClock clock(stream_);
-    for (int i = 0; i < iters; ++i) run_round(block, nullptr);
+    for (int i = 0; i < iters; ++i) run_round(block, k, nullptr);
     clock.mark();
     return clock.seconds(0, 1) / std::max(iters, 1);
 }

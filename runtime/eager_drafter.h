@@ -39,22 +39,27 @@ class EagerDrafter {
     // The block forward of each listed stream at its committed length with its bonus token: fp32 logits
     // [streams][B - 1][vocab].
     std::vector<float> draft(const std::vector<int32_t>& streams, const std::vector<int32_t>& bonus);
+    // The same block forward's per-depth log-softmax top-k (on the device): log-probs [streams][B - 1][k] and ids.
+    std::pair<std::vector<float>, std::vector<int32_t>> draft_top_k(const std::vector<int32_t>& streams,
+                                                                    const std::vector<int32_t>& bonus, int k);
     // The cached K and V rows of `stream` in `layer`, oldest position first: bf16 bits [rows][kv_heads][head_dim].
     std::pair<std::vector<uint16_t>, std::vector<uint16_t>> cache_rows(int stream, int layer) const;
 
     // Benchmark support: random cache contents and committed lengths set without appending.
     void randomize_cache(uint64_t seed);
     void set_committed(const std::vector<int32_t>& streams, const std::vector<int32_t>& lengths);
-    // Device time per operation of the last append launch and the block forward of `streams` (eager, one launch at
-    // a time, mean of `iters` after a warm-up); the append rewrites the rows it wrote, so the state is unchanged.
-    StepProfile profile_round(const std::vector<int32_t>& streams, const std::vector<int32_t>& bonus, int iters);
-    // Device seconds of that append + block forward, launched back to back (mean of `iters`).
-    double time_round(const std::vector<int32_t>& streams, const std::vector<int32_t>& bonus, int iters);
+    // Device time per operation of the last append launch, the block forward of `streams` and its top-k (k 0:
+    // none) (eager, one launch at a time, mean of `iters` after a warm-up); the append rewrites the rows it wrote,
+    // so the state is unchanged.
+    StepProfile profile_round(const std::vector<int32_t>& streams, const std::vector<int32_t>& bonus, int iters,
+                              int k);
+    // Device seconds of that append + block forward + top-k, launched back to back (mean of `iters`).
+    double time_round(const std::vector<int32_t>& streams, const std::vector<int32_t>& bonus, int iters, int k);
 
   private:
     void check_stream(int stream, const char* what) const;
     DraftBlockRows stage_block(const std::vector<int32_t>& streams, const std::vector<int32_t>& bonus);
-    void run_round(const DraftBlockRows& block, OpTimeline* timeline);
+    void run_round(const DraftBlockRows& block, int k, OpTimeline* timeline);
 
     int streams_, max_context_, device_;
     cudaStream_t stream_ = nullptr;
@@ -66,6 +71,8 @@ class EagerDrafter {
     kernels::bf16* features_ = nullptr;
     int32_t* append_tables_ = nullptr;
     int32_t* block_tables_ = nullptr;
+    float* top_log_probs_ = nullptr;  // [streams][B - 1][kTopkMax]
+    int32_t* top_ids_ = nullptr;
     DraftAppendRows last_append_{};
 };
 

@@ -103,6 +103,11 @@ class GpuDrafter:
         [streams, block_size - 1, vocab] of depths 1 .. block_size - 1."""
         return _native_call(self._native.draft, list(streams), [int(t) for t in bonus_tokens])
 
+    def draft_top_k(self, streams: Sequence[int], bonus_tokens: Sequence[int], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The same block forward's per-depth log-softmax top-k, computed on the device (no logit row leaves it):
+        fp32 log-probs sorted descending (ties to the lower id) and int32 ids, [streams, block_size - 1, k]."""
+        return _native_call(self._native.draft_top_k, list(streams), [int(t) for t in bonus_tokens], k)
+
     def cache_rows(self, stream: int, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """The draft cache's K and V rows of `stream` in `layer`, oldest first, as float32 [rows, kv_heads,
         head_dim]."""

@@ -68,7 +68,8 @@ class Twins:
         err = relative_error(got, want)
         assert np.isfinite(got).all()
         assert err <= bound, f"GPU logits deviate {err:.2e} (of each row's max) from the reference; bound {bound:.2e}"
-        check_top_k(got, want, bound)
+        log_probs, ids = self.gpu.draft_top_k(streams, bonus, TOP_K)
+        check_top_k(log_probs, ids, want, bound)
         return got
 
     def check_cache(self, streams: list[int]) -> None:
@@ -85,19 +86,21 @@ class Twins:
                     assert err <= bound, f"stream {stream} layer {layer} {name}: {err:.2e} > {bound:.2e}"
 
 
-def check_top_k(got: np.ndarray, want: np.ndarray, bound: float) -> None:
-    """Per-depth top-K ids and log-probs equal wherever the reference separates a rank from its neighbours by more
-    than the tolerance (log-probs move by at most twice the largest logit error)."""
-    for g, w in zip(got.reshape(-1, want.shape[-1]), want.reshape(-1, want.shape[-1])):
+def check_top_k(got_lp: np.ndarray, got_ids: np.ndarray, want: np.ndarray, bound: float) -> None:
+    """The GPU's per-depth top-K (log-probs and ids [streams, B - 1, TOP_K], computed on the device) equals the
+    reference's wherever the reference separates a rank from its neighbours by more than the tolerance (log-probs
+    move by at most twice the largest logit error)."""
+    rows = want.reshape(-1, want.shape[-1])
+    for g_lp, g_ids, w in zip(got_lp.reshape(len(rows), -1), got_ids.reshape(len(rows), -1), rows):
         tol = 2 * bound * float(np.abs(w).max())
-        got_lp, got_ids = draft_top_k(g[None], TOP_K)
         want_lp, want_ids = draft_top_k(w[None], TOP_K + 1)
         gaps = -np.diff(want_lp[0])
+        assert np.all(np.diff(g_lp) <= 0) and len(set(g_ids.tolist())) == TOP_K
         for rank in range(TOP_K):
             separated = gaps[rank] > 2 * tol and (rank == 0 or gaps[rank - 1] > 2 * tol)
             if separated:
-                assert got_ids[0, rank] == want_ids[0, rank], (rank, got_ids[0], want_ids[0, :TOP_K])
-                assert abs(got_lp[0, rank] - want_lp[0, rank]) <= tol, (rank, got_lp[0, rank], want_lp[0, rank])
+                assert g_ids[rank] == want_ids[0, rank], (rank, g_ids, want_ids[0, :TOP_K])
+                assert abs(g_lp[rank] - want_lp[0, rank]) <= tol, (rank, g_lp[rank], want_lp[0, rank])
 
 
 def random_contexts(rng: np.random.Generator, counts: list[int], width: int) -> list[np.ndarray]:

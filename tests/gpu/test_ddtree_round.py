@@ -130,7 +130,7 @@ def test_replayed_round_equals_eager_round(model_dirs: dict[str, Path], drafter_
         eager = engine.native.generate_ddtree(prompts, NEW_TOKENS, 0.7, 9, 16, profile=True, **oracle)
         assert eager["tokens"] == replayed["tokens"] and eager["accept_lengths"] == replayed["accept_lengths"]
         stages = dict(eager["stages"])
-        assert {"draft", "draft_topk", "tree_build", "verify", "accept", "commit", "draft_append"} <= set(stages)
+        assert {"draft", "top_k", "tree_build", "verify", "accept", "commit", "draft_append"} <= set(stages)
         assert all(sec > 0 for sec in stages.values()) and replayed["stages"] == []
         assert replayed["host_seconds_per_round"] > 0
 
