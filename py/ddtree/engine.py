@@ -216,6 +216,8 @@ class Engine:
     def _stop_ids(self, stop_token_ids: Sequence[int] | None) -> list[int]:
         if stop_token_ids is None:
             return [e for e in self.config.eos_token_ids if 0 <= e < self.config.vocab_size]
+        if len(stop_token_ids) == 0:
+            return []
         ids = check_token_ids(stop_token_ids, self.config.vocab_size, "stop_token_ids").tolist()
         if len(ids) > MAX_STOP_IDS:
             raise RequestError(f"stop_token_ids: at most {MAX_STOP_IDS} ids, got {len(ids)}")
