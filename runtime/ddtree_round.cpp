@@ -182,6 +182,9 @@ void DdtreeRound::record_round(const RoundKey& key, OpTimeline* timeline) {
 void DdtreeRound::check(const RoundRequest& r, int depth_limit, int width) const {
     const int n = static_cast<int>(r.prompts.size());
     const int vocab = model_.dims().vocab;
+    if (r.oracle == nullptr && !has_drafter()) {
+        throw std::invalid_argument("the engine has no drafter: DDTree needs one (or an oracle)");
+    }
     if (r.budget < 1 || r.budget > max_budget_) {
         throw std::invalid_argument("budget must be in 1.." + std::to_string(max_budget_) + " (the engine's), got " +
                                     std::to_string(r.budget));
@@ -204,10 +207,7 @@ void DdtreeRound::check(const RoundRequest& r, int depth_limit, int width) const
                                         std::to_string(vocab) + ")");
         }
     }
-    if (r.oracle == nullptr) {
-        if (!has_drafter()) throw std::invalid_argument("the engine has no drafter: DDTree needs one (or an oracle)");
-        return;
-    }
+    if (r.oracle == nullptr) return;
     const OracleRequest& oracle = *r.oracle;
     if (static_cast<int>(oracle.hit.size()) != depth_limit ||
         !std::all_of(oracle.hit.begin(), oracle.hit.end(), [](float p) { return p >= 0.f && p <= 1.f; })) {
