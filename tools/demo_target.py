@@ -110,7 +110,6 @@ class MoE(nn.Module):
 
     def combine_weights(self, x: torch.Tensor) -> torch.Tensor:
         """[tokens, experts] combine weights, zero where an expert is not chosen."""
-        c = self.cfg
         with torch.autocast(x.device.type, enabled=False):  # routing in float32, as the reference routes
             return self._combine_weights(x.float())
 

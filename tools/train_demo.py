@@ -7,9 +7,9 @@ exported as compressed-tensors INT4. Drafter: DFlash block diffusion on the INT4
 random anchors per sequence, the block [token at anchor, MASK...], loss the cross-entropy against the target's
 own next-token distributions at the block's positions (what acceptance is measured against), depth d weighted by
 exp(-(d - 1) / DEPTH_DECAY). Both step counts come from a seconds budget (measured on the first steps) unless
-given; the log records them, and the same seed and steps train the same pair.
+given; the log records them, and the same seed and steps train the same pair (up to GPU nondeterminism).
 
-    python3 tools/train_demo.py --data DATA --out OUT    # OUT/model (checkpoint, tokenizer.json, drafter/), OUT/train.json
+    python3 tools/train_demo.py --data DATA --out OUT    # OUT/model (checkpoint, tokenizer.json, drafter/), train.json
 """
 
 from __future__ import annotations
