@@ -27,7 +27,9 @@ from ddtree.results import GenerationResult, with_text
 from ddtree.tokenizer import encode_prompts
 
 PRESETS = ("tiny", "small", "k2-layers")
-DEFAULT_MODEL_DIR = Path.home() / ".cache" / "ddtree" / "tiny-seed0"
+# The built-in model, installed with the package: a small K2-architecture target and its DFlash drafter trained on
+# the Python standard library (tools/train_demo.py; figures in bench/results/demo), with its tokenizer.json.
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "demo"
 DRAFTER_SUBDIR = "drafter"
 
 
@@ -76,7 +78,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="ddtree-run", description=__doc__.splitlines()[0],
-                            epilog="example:\n  ddtree-run generate --prompt-ids 1,2,3 -n 16")
+                            epilog="example:\n  ddtree-run generate --prompt 'def fibonacci(n):' --method ddtree")
     parser.add_argument("--version", action="version", version=f"ddtree {__version__}")
     # --traceback is accepted before or after the command; a subcommand's default must not hide the top one's.
     parser.add_argument("--traceback", action="store_true", help="show the traceback of an unexpected error")
@@ -98,12 +100,13 @@ def _parser() -> argparse.ArgumentParser:
                          description="Generate from text prompts (--prompt, with the checkpoint's tokenizer) or token "
                                      "ids (--prompt-ids), one stream per prompt, greedily or sampled.",
                          epilog="examples:\n"
+                                "  ddtree-run generate --prompt 'def fibonacci(n):' -n 64 --method ddtree --budget 32\n"
                                 "  ddtree-run generate --model models/tiny --prompt-ids 1,2,3 -n 16\n"
                                 "  ddtree-run generate --model MODEL --prompt 'The capital of France is' -n 32 "
                                 "--method ddtree")
     gen.add_argument("--model", type=Path, default=None,
-                     help=f"checkpoint directory (default: the built-in tiny model in {DEFAULT_MODEL_DIR}, written "
-                          f"on first use)")
+                     help=f"checkpoint directory (default: the built-in demo model, trained on Python's standard "
+                          f"library, in {DEFAULT_MODEL_DIR})")
     prompts = gen.add_mutually_exclusive_group(required=True)
     prompts.add_argument("--prompt", action="append", metavar="TEXT",
                          help="prompt text, encoded with the checkpoint's tokenizer (tokenizer.json, or "
@@ -170,10 +173,11 @@ def _make_model(args: argparse.Namespace, console: Console) -> int:
 
 
 def _model_dir(args: argparse.Namespace) -> Path:
-    """--model, or the built-in tiny model, written on first use."""
+    """--model, or the built-in demo model."""
     if args.model is None:
         if not (DEFAULT_MODEL_DIR / "config.json").is_file():
-            _write_preset("tiny", DEFAULT_MODEL_DIR, seed=0, layers=None)
+            raise RequestError(f"the built-in model is missing from this installation ({DEFAULT_MODEL_DIR}): "
+                               f"reinstall ddtree, or pass --model")
         return DEFAULT_MODEL_DIR
     if not args.model.is_dir():
         fault = "is not a directory" if args.model.exists() else "directory does not exist"
@@ -314,8 +318,8 @@ def _info(args: argparse.Namespace, console: Console) -> int:
     backend, why = _backend("auto", "ar")
     console.out(f"generate runs on the {backend} backend ({why}; --backend overrides it; --method ddtree runs on "
                 f"the reference backend)", highlight=False)
-    written = "" if (DEFAULT_MODEL_DIR / "config.json").is_file() else ", written on first use"
-    console.out(f"built-in model (generate without --model): {DEFAULT_MODEL_DIR}{written}", highlight=False)
+    missing = "" if (DEFAULT_MODEL_DIR / "config.json").is_file() else " (missing from this installation)"
+    console.out(f"built-in model (generate without --model): {DEFAULT_MODEL_DIR}{missing}", highlight=False)
     return 0
 
 

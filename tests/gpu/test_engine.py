@@ -96,6 +96,19 @@ def test_greedy_matches_reference_teacher_forced(preset: str, model_dirs: dict[s
     print(f"{preset}: " + "; ".join(summaries))
 
 
+def test_built_in_demo_matches_reference_teacher_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trained pair ddtree ships (what generate runs without --model) on the engine: its greedy tokens are the
+    reference's, as for the random presets."""
+    from ddtree.cli import DEFAULT_MODEL_DIR
+    from ddtree.tokenizer import load_tokenizer
+
+    prompt = load_tokenizer(DEFAULT_MODEL_DIR).encode("def fibonacci(n):")
+    engine = ddtree.Engine(DEFAULT_MODEL_DIR, streams=1, max_context=128)
+    [result] = engine.generate([prompt], NEW_TOKENS)
+    print("demo: " + _teacher_forced_check(ReferenceModel.load(DEFAULT_MODEL_DIR), engine.native, 0, prompt,
+                                           result.tokens, monkeypatch))
+
+
 def _assert_graph_decode_equals_eager_steps(engine, prompts: list[list[int]], new_tokens: int) -> None:
     results = engine.generate(prompts, new_tokens, stop_token_ids=())
     native = engine.native
