@@ -112,6 +112,23 @@ def test_greedy_ddtree_with_deep_and_non_contiguous_accepts(tiny, ar_greedy, mon
     assert any(p != list(range(len(p))) for p in accepted_paths), "some commit moved non-contiguous rows"
 
 
+def test_sampled_ddtree_equals_sampled_autoregressive(tiny):
+    """Each position's Gumbel noise is keyed by (seed, stream, position), so a node on the accepted path draws what
+    AR draws there: the same tokens, round after round, also through deep accepts from the oracle drafter."""
+    model, drafter = tiny
+    for i, prompt in enumerate(PROMPTS):
+        for seed, stream in ((3, 0), (4, 5)):
+            ar = generate(model, None, prompt, NEW_TOKENS, temperature=0.9, seed=seed, stream=stream).tokens
+            oracle = OracleDrafter(drafter, ar, len(prompt), seed)
+            for d in (drafter, oracle):
+                result = generate(model, d, prompt, NEW_TOKENS, method="ddtree", budget=8, temperature=0.9,
+                                  seed=seed, stream=stream)
+                assert result.tokens == ar, f"prompt {i}, seed {seed}, stream {stream}"
+            assert max(result.accept_lengths) >= 3  # the oracle's deep accepts ran
+        other = generate(model, None, prompt, NEW_TOKENS, temperature=0.9, seed=3, stream=1).tokens
+        assert other != generate(model, None, prompt, NEW_TOKENS, temperature=0.9, seed=3).tokens
+
+
 def test_stop_token_ends_both_methods_at_the_same_place(tiny, ar_greedy):
     model, drafter = tiny
     stop = ar_greedy[0][9]

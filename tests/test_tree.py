@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ddtree.reference.sampling import gumbel_noise, target_choices
 from ddtree.reference.tree import (
     Tree,
     accept_tree,
@@ -16,7 +17,6 @@ from ddtree.reference.tree import (
     build_tree,
     commit_rows,
     is_contiguous_prefix,
-    target_choices,
     verify_inputs,
 )
 
@@ -235,13 +235,40 @@ def test_commit_rows_any_order_and_contiguous_skip():
         commit_rows(kv, 1, np.array([0, 9]))
 
 
-def test_target_choices_argmax_and_sampling():
+def test_target_choices_argmax_and_keyed_gumbel_sampling():
     logits = np.array([[1.0, 3.0, 3.0], [0.0, -1.0, -2.0]], dtype=np.float32)
-    assert target_choices(logits, 0.0, None).tolist() == [1, 0]
-    rng = np.random.default_rng(0)
+    assert target_choices(logits, 0.0, 0, 0, [0, 1]).tolist() == [1, 0]
+    # One draw per (seed, stream, position): 20000 positions sample softmax(logits / T).
     probs = np.array([0.2, 0.5, 0.3])
     row = np.log(probs).astype(np.float32)[None].repeat(20000, axis=0)
-    counts = np.bincount(target_choices(row, 1.0, rng), minlength=3) / 20000
+    counts = np.bincount(target_choices(row, 1.0, 7, 0, np.arange(20000)), minlength=3) / 20000
     assert np.allclose(counts, probs, atol=0.02)
-    with pytest.raises(ValueError, match="rng"):
-        target_choices(logits, 1.0, None)
+    half = (2 * row[:1000]).astype(np.float32)  # T = 2 on doubled logits is the same distribution
+    assert target_choices(half, 2.0, 7, 0, np.arange(1000)).tolist() == \
+        target_choices(row[:1000], 1.0, 7, 0, np.arange(1000)).tolist()
+    # The noise is a function of (seed, stream, position) only: repeatable, and different for each of them.
+    draws = target_choices(row[:64], 1.0, 7, 0, np.arange(64))
+    assert draws.tolist() == target_choices(row[:64], 1.0, 7, 0, np.arange(64)).tolist()
+    for seed, stream in ((8, 0), (7, 1)):
+        assert draws.tolist() != target_choices(row[:64], 1.0, seed, stream, np.arange(64)).tolist()
+    assert target_choices(row[5:6], 1.0, 7, 0, [5]).tolist() == draws[5:6].tolist()
+    nan = np.array([[np.nan, 1.0, np.nan], [np.nan] * 3], dtype=np.float32)
+    assert target_choices(nan, 0.0, 0, 0, [0, 0]).tolist() == [1, 0]
+    assert target_choices(nan, 1.0, 0, 0, [0, 0]).tolist() == [1, 0]
+
+
+def test_gumbel_noise_matches_the_device_hash():
+    """The first values of the device's hash for (seed 1, stream 2, position 3), computed independently here with
+    Python integers: splitmix64's finaliser over the Weyl sequence of the key."""
+    def mix(z: int) -> int:
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
+        return z ^ (z >> 31)
+    key = mix(1 ^ mix((2 << 32) | 3))
+    want = []
+    for i in range(5):
+        u = np.float32(((mix((key + i * 0x9E3779B97F4A7C15) & (2**64 - 1)) >> 40) + 0.5) / 16777216.0)
+        want.append(-np.log(-np.log(u)))
+    assert np.array_equal(gumbel_noise(1, 2, 3, 5), np.array(want, dtype=np.float32))
+
+

@@ -264,7 +264,7 @@ def _reference_generate(args: argparse.Namespace, model_dir: Path, prompts: list
     for i, prompt in enumerate(prompts):
         try:
             results.append(generate(model, drafter, prompt, args.max_new_tokens, method=args.method,
-                                    budget=args.budget, temperature=args.temperature, seed=args.seed + i,
+                                    budget=args.budget, temperature=args.temperature, seed=args.seed, stream=i,
                                     stop_token_ids=stops, on_tokens=lambda tokens, i=i: on_tokens(i, tokens)))
         except NonFiniteError as e:
             raise NonFiniteError(f"stream {i}: {e}") from e

@@ -16,6 +16,7 @@ greedy autoregressive tokens and sampled DDTree has the autoregressive output di
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -23,7 +24,8 @@ import numpy as np
 from ddtree.errors import NonFiniteError, RequestError, check_token_ids
 from ddtree.reference.drafter import ReferenceDrafter, draft_top_k
 from ddtree.reference.model import ReferenceModel
-from ddtree.reference.tree import accept_tree, build_tree, next_context, target_choices, verify_inputs
+from ddtree.reference.sampling import target_choices
+from ddtree.reference.tree import accept_tree, build_tree, next_context, verify_inputs
 from ddtree.request import check_request
 from ddtree.results import GenerationResult, cut_at_stop, with_text
 from ddtree.tokenizer import encode_prompts
@@ -33,14 +35,16 @@ def generate(model: ReferenceModel, drafter: ReferenceDrafter | None, prompt_ids
              max_new_tokens: int, method: str = "ar", budget: int | None = None, temperature: float = 0.0,
              seed: int = 0, stop_token_ids: Sequence[int] = (),
              on_tokens: Callable[[list[int]], None] | None = None,
-             draft_window: int | None = None) -> GenerationResult:
+             draft_window: int | None = None, stream: int = 0) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` (fewer when a stop token is emitted; it is
     kept). ``prompt_ids`` may be text, encoded with the tokenizer of the model's checkpoint directory; the result
     then holds the decoded text too. ``method`` "ar" needs no drafter; "ddtree" runs one round per tree with ``budget`` nodes (default
     block_size - 1, the reference's default) and records each round's acceptance length (accepted nodes
     including the root, as the reference counts it). ``draft_window`` (None: unbounded) lets the drafter attend
     to the last ``draft_window`` committed tokens only. ``on_tokens`` is called with the tokens emitted so far
-    whenever they grow (progress displays, streamed text).
+    whenever they grow (progress displays, streamed text). At temperature > 0 each token's Gumbel noise is keyed by
+    (``seed``, ``stream``, its position), as the GPU engine keys stream ``stream`` of a batch
+    (``ddtree.reference.sampling``): DDTree and autoregressive decoding then draw the same tokens.
 
     The whole request is checked before any forward runs (``ddtree.request.check_request``); logits that are not
     finite raise NonFiniteError naming the position, instead of decoding NaN as token 0."""
@@ -53,15 +57,26 @@ def generate(model: ReferenceModel, drafter: ReferenceDrafter | None, prompt_ids
                                      or draft_window < 1):
         raise RequestError(f"draft_window must be a positive integer or None, got {draft_window!r}")
     progress = on_tokens if on_tokens is not None else (lambda tokens: None)
-    rng = np.random.default_rng(request.seed)
+    if isinstance(stream, bool) or not isinstance(stream, int) or not 0 <= stream < 1 << 31:
+        raise RequestError(f"stream must be an integer in [0, 2**31), got {stream!r}")
+    sampling = Sampling(request.temperature, request.seed, stream)
     if request.method == "ar":
-        result = _autoregressive(model, request.prompt, request.max_new_tokens, request.temperature, rng, stops,
-                                 progress)
+        result = _autoregressive(model, request.prompt, request.max_new_tokens, sampling, stops, progress)
     else:
         assert drafter is not None  # check_request refuses DDTree without one
-        result = _ddtree(model, drafter, request.prompt, request.max_new_tokens, request.budget, request.temperature,
-                         rng, stops, progress, draft_window)
+        result = _ddtree(model, drafter, request.prompt, request.max_new_tokens, request.budget, sampling, stops,
+                         progress, draft_window)
     return with_text(result, tokenizer)
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    temperature: float
+    seed: int
+    stream: int
+
+    def choose(self, logits: np.ndarray, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+        return target_choices(logits, self.temperature, self.seed, self.stream, positions)
 
 
 def _finite(logits: np.ndarray, positions: Sequence[int] | np.ndarray, source: str) -> np.ndarray:
@@ -82,9 +97,8 @@ def _finish(tokens: list[int], max_new_tokens: int, stops: set[int]) -> tuple[li
     return kept, stopped or len(tokens) >= max_new_tokens
 
 
-def _autoregressive(model: ReferenceModel, prompt: np.ndarray, max_new_tokens: int, temperature: float,
-                    rng: np.random.Generator, stops: set[int],
-                    progress: Callable[[list[int]], None]) -> GenerationResult:
+def _autoregressive(model: ReferenceModel, prompt: np.ndarray, max_new_tokens: int, sampling: Sampling,
+                    stops: set[int], progress: Callable[[list[int]], None]) -> GenerationResult:
     begin = time.perf_counter()
     cache = model.new_cache()
     tokens: list[int] = []
@@ -93,8 +107,9 @@ def _autoregressive(model: ReferenceModel, prompt: np.ndarray, max_new_tokens: i
     logits = model.forward(prompt, np.arange(prompt.size), cache).logits[-1:]
     logits = _finite(logits, [prompt.size - 1], "target model")
     prefill = time.perf_counter() - begin
+    position = prompt.size - 1  # of the row whose logits choose the next token
     while True:
-        tokens.append(int(target_choices(logits, temperature, rng)[0]))
+        tokens.append(int(sampling.choose(logits, [position])[0]))
         tokens, done = _finish(tokens, max_new_tokens, stops)
         progress(tokens)
         if done:
@@ -105,15 +120,16 @@ def _autoregressive(model: ReferenceModel, prompt: np.ndarray, max_new_tokens: i
 
 
 def _ddtree(model: ReferenceModel, drafter: ReferenceDrafter, prompt: np.ndarray, max_new_tokens: int,
-            budget: int, temperature: float, rng: np.random.Generator, stops: set[int],
-            progress: Callable[[list[int]], None], draft_window: int | None) -> GenerationResult:
+            budget: int, sampling: Sampling, stops: set[int], progress: Callable[[list[int]], None],
+            draft_window: int | None) -> GenerationResult:
     begin = time.perf_counter()
     taps = drafter.config.target_layer_ids
     if max_new_tokens == 0:
         return GenerationResult([], 0.0, 0.0)
     cache = model.new_cache()
     out = model.forward(prompt, np.arange(prompt.size), cache, hidden_layers=taps)
-    bonus = int(target_choices(_finite(out.logits[-1:], [prompt.size - 1], "target model"), temperature, rng)[0])
+    last = [prompt.size - 1]
+    bonus = int(sampling.choose(_finite(out.logits[-1:], last, "target model"), last)[0])
     context = next_context([out.hidden[layer] for layer in taps], np.arange(prompt.size))
     prefill = time.perf_counter() - begin
     draft_cache = drafter.new_cache(draft_window)
@@ -127,7 +143,7 @@ def _ddtree(model: ReferenceModel, drafter: ReferenceDrafter, prompt: np.ndarray
         tree = build_tree(log_probs, token_ids, budget)
         ids, positions, visible = verify_inputs(tree, bonus, start)
         out = model.forward(ids, positions, cache, visible=visible, hidden_layers=taps)
-        choices = target_choices(_finite(out.logits, positions, "target model"), temperature, rng)
+        choices = sampling.choose(_finite(out.logits, positions, "target model"), positions)
         accepted, bonus = accept_tree(tree, choices)
         cache.compact(start, accepted)
         context = next_context([out.hidden[layer] for layer in taps], accepted)

@@ -167,26 +167,6 @@ def verify_inputs(tree: Tree, root_token: int, start: int) -> tuple[np.ndarray, 
     return ids, positions, tree.visibility
 
 
-def target_choices(logits: np.ndarray, temperature: float, rng: np.random.Generator | None) -> np.ndarray:
-    """The target's token at every node: argmax (lowest id on ties) when temperature is 0, else one
-    independent sample per node from softmax(logits / temperature)."""
-    logits = np.asarray(logits, dtype=np.float32)
-    if logits.ndim != 2:
-        raise ValueError(f"logits must be [nodes, vocab], got shape {logits.shape}")
-    if temperature < 0 or not np.isfinite(temperature):
-        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
-    if temperature == 0:
-        return np.argmax(logits, axis=1).astype(np.int64)
-    if rng is None:
-        raise ValueError("rng is required when temperature > 0")
-    scaled = logits.astype(np.float64) / temperature
-    probs = np.exp(scaled - scaled.max(axis=1, keepdims=True))
-    cdf = np.cumsum(probs, axis=1)
-    draws = rng.random(logits.shape[0]) * cdf[:, -1]
-    choices = np.array([np.searchsorted(cdf[row], draws[row], side="right") for row in range(logits.shape[0])])
-    return np.minimum(choices, logits.shape[1] - 1).astype(np.int64)
-
-
 def accept_walk(
     first_child: np.ndarray, next_sibling: np.ndarray, tokens: np.ndarray, choices: np.ndarray
 ) -> tuple[np.ndarray, int]:
