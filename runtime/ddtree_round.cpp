@@ -266,7 +266,7 @@ void DdtreeRound::start_streams(const RoundRequest& r) {
     CUDA_CHECK(cudaMemcpy2DAsync(state_.history, static_cast<size_t>(ld) * 4, first, first_pitch, 4, n,
                                  cudaMemcpyDeviceToDevice, s));
     CUDA_CHECK(cudaMemcpy2DAsync(state_.bonus, 4, first, first_pitch, 4, n, cudaMemcpyDeviceToDevice, s));
-    std::vector<int32_t> host(7 * static_cast<size_t>(n));  // start, count, rounds, base, id, finished, (spare)
+    std::vector<int32_t> host(6 * static_cast<size_t>(n));  // start, count, rounds, base, id, finished
     for (int i = 0; i < n; ++i) {
         host[i] = static_cast<int32_t>(r.prompts[i].size());
         host[n + i] = 1;
