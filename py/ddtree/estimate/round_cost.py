@@ -143,7 +143,7 @@ def _round_coef(model: CostModel, pts: list[dict]) -> np.ndarray:
 
 
 def fit(validation: bool = False) -> CostModel:
-    """The cost model fitted to every measured point, or with every third point of each table held out."""
+    """The cost model fitted to every measured point, or with one point in three of each table held out."""
     def curve(name: str, features: c.Features, kind: str) -> c.Curve:
         return c.fit_curve(name, features, kind, validation=validation)
 

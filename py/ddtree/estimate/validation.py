@@ -1,4 +1,4 @@
-"""How well the cost model predicts measurements it was not fitted to: the model fitted without every third point
+"""How well the cost model predicts measurements it was not fitted to: the model fitted without one point in three
 of each table, then asked for those points (and for every AR step, whose totals it never fits)."""
 
 from __future__ import annotations
