@@ -155,7 +155,7 @@ def collect() -> list[dict]:
 
 
 # The acceptance the projections show: Kimi-K2.5-DFlash's published chain acceptance at block 8 (MT-Bench 3.7,
-# GSM8K / HumanEval 5.3; its model card, /shared/reference/peers.md section 5.2).
+# GSM8K / HumanEval 5.3; its model card).
 PROFILE_ACCEPTS = (3.7, 5.3)
 PROFILE_STREAMS = (1, 16)
 PROFILE_BUDGETS = (8, 32)
@@ -190,6 +190,18 @@ def _projections() -> list[dict]:
     return rows
 
 
+def _one_gpu() -> list[dict]:
+    """The measured 4-layer model on one GPU of each kind: where the memory-bound part shrinks with bandwidth."""
+    rows = []
+    for gpu in GPUS.values():
+        for streams, budget in ((1, 8), (16, 64)):
+            lay = Layout(gpu, 1, 4)
+            latency = fitted().round(Layout(_latency_only(gpu), 1, 4), streams, budget, 176, PROFILE_ACCEPTS[1]).total
+            p = project(lay, 176, streams, budget, PROFILE_ACCEPTS[1])
+            rows.append({**p.as_dict(), "latency_bound_ms": latency})
+    return rows
+
+
 def _curves() -> list[dict]:
     m = fitted()
     names = {"dense GEMMs": ["us per call", "us per call, eager excess", "x weight-byte time (1/efficiency)",
@@ -219,8 +231,8 @@ def _markdown(report: dict) -> list[str]:
     lines = ["# Cost model: held-out accuracy and projections", "",
              "A per-round cost model (`py/ddtree/estimate`, `ddtree-run estimate`) fitted to the committed H200 "
              "reports (engine, verify, moe, drafter, tree, ddtree; K2 dimensions, 4 layers, random weights). "
-             "One point in three of each table (on a diagonal, so every budget and stream count has some) is held out of the validation fit; the AR step totals are never "
-             "fitted (only their per-op splits). Errors are (predicted - measured) / measured.", "",
+             "One point in three of each table (on a diagonal, so every budget and stream count has some) is "
+             "held out of the validation fit; the AR step totals are never fitted (only their per-op splits). Errors are (predicted - measured) / measured.", "",
              "## Held-out accuracy", "", "| table | points | RMS | max abs | within 15% |", "|---|---:|---:|---:|---:|"]
     for s in report["summary"]:
         lines.append(f"| {s['table']} | {s['points']} | {s['rms']:.1%} | {s['max_abs']:.1%} | "
@@ -253,6 +265,14 @@ def _markdown(report: dict) -> list[str]:
                      f"{p['ar_tokens_per_s']:.0f} ± {p['ar_tokens_per_s'] * p['ar_sigma']:.0f} | "
                      f"{p['speedup']:.2f} | {p['latency_bound_ms']:.1f} ({p['latency_bound_ms'] / p['round_ms']:.0%}) "
                      f"| {p['collectives_ms']:.1f} |")
+    lines += ["", "## One GPU, the measured 4-layer model (context 176, accept 5.3)", "",
+              "| GPU | streams | budget | round ms | DDTree tok/s | latency+SM-bound ms |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for p in report["one_gpu"]:
+        lines.append(f"| {p['gpu']} | {p['streams']} | {p['budget']} | "
+                     f"{p['round_ms']:.2f} ± {p['round_ms'] * p['round_sigma']:.2f} | "
+                     f"{p['tokens_per_s']:.0f} ± {p['tokens_per_s'] * p['round_sigma']:.0f} | "
+                     f"{p['latency_bound_ms']:.2f} ({p['latency_bound_ms'] / p['round_ms']:.0%}) |")
     return lines
 
 
@@ -277,7 +297,7 @@ def main() -> int:
     checks = list(validation.checks())
     report = {"model": "cost model fitted to the H200 reports", "summary": _summary(checks),
               "checks": [{**asdict(c), "error": c.error} for c in checks], "curves": _curves(),
-              "projections": _projections()}
+              "projections": _projections(), "one_gpu": _one_gpu()}
     out = RESULTS / "estimate"
     out.mkdir(parents=True, exist_ok=True)
     (out / "estimate.json").write_text(json.dumps(report, indent=2) + "\n")

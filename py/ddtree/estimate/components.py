@@ -87,7 +87,7 @@ def small_op_features(p: dict, gpu: GpuSpec, gpus: int) -> list[float]:
 @dataclass(frozen=True)
 class Curve:
     """One component: its feature function, the coefficients fitted to its points, and `sigma`, the RMS relative
-    error of a fit without the held-out points (one in three) on those points (the uncertainty every prediction carries)."""
+    error of a fit without the held-out points (one in three) on those points."""
 
     name: str
     features: Features
