@@ -62,7 +62,7 @@ def _target_split(points: list[dict], split: dict, streams: int, rows: int, cont
     experts point where the benchmark did not record how many experts its rows touched."""
     calls = {"mlp_gate_up": 1, "mlp_down": 1, "shared_gate_up": 3, "shared_down": 3, "lm_head": 1}
     for op in TARGET_GEMM_OPS:
-        points.append({"kind": "gemm", "op": op, "rows": rows if op != "lm_head" else rows,
+        points.append({"kind": "gemm", "op": op, "rows": rows,
                        "calls": calls.get(op, TARGET_LAYERS), "ms": split[op], "held_out": held, "source": source})
     if active is not None:
         points.append({"kind": "moe", "rows": rows, "active": active, "layers": TARGET_LAYERS - 1,

@@ -7,6 +7,7 @@ unexpected (status 1) names the exception, whose traceback --traceback shows. Wa
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 import time
@@ -60,8 +61,8 @@ def _finite(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        value = float("nan")
-    if value != value or value in (float("inf"), float("-inf")):
+        value = math.nan
+    if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r:.40}")
     return value
 

@@ -16,7 +16,7 @@ argmax and top-K.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 import numpy as np
@@ -154,7 +154,7 @@ def fit(validation: bool = False) -> CostModel:
                       curve("drafter small ops", c.small_op_features, "draft_misc"),
                       c.fit_routing(validation=validation), c.tree_kernels(), np.array([1.0, 0.0, 0.0]))
     train = points("round", held_out=False) if validation else points("round")
-    return CostModel(**{**model.__dict__, "round_coef": _round_coef(model, train)})
+    return replace(model, round_coef=_round_coef(model, train))
 
 
 @cache
