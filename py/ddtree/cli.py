@@ -1,4 +1,4 @@
-"""ddtree-run: make models, generate tokens, describe the machine.
+"""ddtree-run: make models, generate tokens, estimate tokens/s on other GPUs, describe the machine.
 
 Every failure prints one line on stderr and exits non-zero: bad input (status 2) names what is at fault, anything
 unexpected (status 1) names the exception, whose traceback --traceback shows. Warnings are one line each.
@@ -7,6 +7,7 @@ unexpected (status 1) names the exception, whose traceback --traceback shows. Wa
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 import time
@@ -20,6 +21,7 @@ from rich.console import Console
 from ddtree import __version__
 from ddtree.config import ModelConfig
 from ddtree.errors import DDTreeError, NonFiniteError, RequestError, check_token_ids
+from ddtree.estimate.gpus import GPUS as GPU_PRESETS
 from ddtree.generation_view import OnTokens, Run, progress_display, show_results
 from ddtree.limits import MAX_TREE_BUDGET
 from ddtree.request import ArgumentNames, check_request, check_seed
@@ -52,6 +54,16 @@ def _positive(text: str) -> int:
     value = int(text) if DECIMAL.fullmatch(text) else 0
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r:.40}")
+    return value
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r:.40}")
     return value
 
 
@@ -136,6 +148,31 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true",
                      help="print one JSON document (backend, method, and per stream: tokens, text, timings, "
                           "acceptance lengths) instead of lines and progress")
+
+    est = sub.add_parser("estimate", parents=[common],
+                         help="project DDTree and AR tokens/s for a GPU, layout and acceptance (no GPU needed)",
+                         description="Project tokens/s of DDTree rounds and AR decoding from a per-round cost model "
+                                     "fitted to the H200 measurements committed with ddtree (bench/results), for "
+                                     "another GPU, the full K2 on a G-GPU expert-parallel layout and acceptance "
+                                     "profiles, each with its uncertainty.",
+                         epilog="examples:\n"
+                                "  ddtree-run estimate --gpu b300 --streams 1 16 --budget 32 --mean-accept 4 6\n"
+                                "  ddtree-run estimate --gpus 1 --layers 4 --context 176 --streams 16 --budget 64 "
+                                "--mean-accept 7.1   # a measured H200 configuration\n"
+                                "  ddtree-run estimate --gpu h100 --json")
+    est.add_argument("--gpu", choices=sorted(GPU_PRESETS), default="h200",
+                     help="GPU preset (h200 is the measured one)")
+    est.add_argument("--gpus", type=_positive, default=8,
+                     help="GPUs: attention heads, dense parts and the drafter split G ways, 384 / G routed experts "
+                          "each, two collectives per layer")
+    est.add_argument("--layers", type=_positive, default=61,
+                     help="target layers (1 dense + the rest MoE; K2 has 61, the measured models 4)")
+    est.add_argument("--context", type=_positive, default=1024, help="committed tokens per stream")
+    est.add_argument("--streams", type=_positive, nargs="+", default=[1, 16], metavar="N", help="stream counts")
+    est.add_argument("--budget", type=_positive, nargs="+", default=[8, 32], metavar="B", help="DDTree node budgets")
+    est.add_argument("--mean-accept", type=_finite, nargs="+", default=[2.0, 4.0, 6.0], metavar="A",
+                     help="tokens committed per round per stream (accepted nodes + the bonus token)")
+    est.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
 
     sub.add_parser("info", parents=[common], help="describe the CUDA devices, the native build and the backend",
                    description="Describe the CUDA devices, the native module, the backend generate uses by default "
@@ -302,6 +339,18 @@ def _generate(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _estimate(args: argparse.Namespace, console: Console) -> int:
+    from ddtree.estimate import project
+    from ddtree.estimate.request import check_estimate
+    from ddtree.estimate.view import show
+
+    req = check_estimate(args.gpu, args.gpus, args.layers, args.context, args.streams, args.budget, args.mean_accept)
+    rows = [project(req.layout, req.context, s, b, a) for s in req.streams for b in req.budgets
+            for a in req.mean_accepts]
+    show(req, rows, console, as_json=args.json)
+    return 0
+
+
 def _info(args: argparse.Namespace, console: Console) -> int:
     from ddtree.device import device_info, native_unavailable
 
@@ -326,6 +375,7 @@ def _info(args: argparse.Namespace, console: Console) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "make-model": _make_model,
     "generate": _generate,
+    "estimate": _estimate,
     "info": _info,
 }
 
