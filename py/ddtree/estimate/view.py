@@ -41,7 +41,12 @@ def show(req: EstimateRequest, rows: list[Projection], console: Console, as_json
                       _pm(r.tokens_per_s, r.round_sigma), _pm(r.ar_tokens_per_s, r.ar_sigma),
                       f"{r.speedup:.2f}", f"{r.verify_ms:.2f}", f"{r.draft_ms:.2f}", f"{r.fixed_ms:.2f}",
                       f"{r.collectives_ms:.2f}")
+    # A pipe has no width: give the table its natural one rather than a default 80 columns that squeeze it.
+    width = console.width
+    if not console.is_terminal:
+        console.width = max(width, 200)
     console.print(table)
+    console.width = width
     transfer = req.layout.gpu.transfer_uncertainty
     console.print(f"ms per round per GPU. ± is one sigma: the held-out RMS error on the measured H200 rounds "
                   f"({rms(ROUND_TABLE):.1%}; AR steps {rms(AR_TABLE):.1%})"
