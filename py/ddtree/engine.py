@@ -243,6 +243,10 @@ class Engine:
                                    self.config.vocab_size)
         seed = check_seed(seed)
         stops = self._stop_ids(stop_token_ids)
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
+                                   or not 1 <= budget <= self.budget):
+            raise RequestError(f"budget must be an integer in 1..{self.budget} (the engine's), got {budget!r}")
+        budget = self.budget if budget is None else budget
         if method == "ar":
             tokens, prefill_seconds, decode_seconds = _native_call(self._native.generate, checked, max_new_tokens,
                                                                    float(temperature), seed)
@@ -251,9 +255,6 @@ class Engine:
             return [with_text(r, tokenizer) for r in results]
         if self.drafter_config is None:
             raise RequestError("method 'ddtree' needs a drafter: create the Engine with drafter_dir")
-        budget = self.budget if budget is None else budget
-        if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= self.budget:
-            raise RequestError(f"budget must be an integer in 1..{self.budget} (the engine's), got {budget!r}")
         out = _native_call(self._native.generate_ddtree, checked, max_new_tokens, float(temperature), seed, budget,
                            stops, bool(profile))
         stages = dict(out["stages"])
