@@ -227,7 +227,8 @@ void bind_engine(nb::module_& m) {
             "DDTree generation on the GPU with the engine's drafter. With reference and hit, an oracle replaces the "
             "drafter's candidates (tests and benchmarks only): at depth d the stream's `reference` continuation is "
             "a candidate with probability hit[d - 1]; an engine without a drafter then takes depth_limit and width "
-            "(candidates per depth). profile: eager rounds with per-stage device time. Returns a dict: tokens "
+            "(candidates per depth). With a drafter, width 0 is min(budget, vocab); width 1 at budget block - 1 "
+            "verifies the drafter's chain of top-1 tokens. profile: eager rounds with per-stage device time. Returns a dict: tokens "
             "[prompts][<= max_new_tokens], accept_lengths per round, rounds, prefill_seconds, decode_seconds, "
             "host_seconds_per_round, stages [(name, seconds summed over rounds)].")
         .def(

@@ -193,7 +193,7 @@ void DdtreeRound::check(const RoundRequest& r, int depth_limit, int width) const
         throw std::invalid_argument("depth_limit must be in 1.." + std::to_string(k::kTreeMaxDepth) + ", got " +
                                     std::to_string(depth_limit));
     }
-    if (width < 1 || width > r.budget || (r.oracle != nullptr && width >= vocab)) {
+    if (width < 1 || width > r.budget || width > vocab || (r.oracle != nullptr && width >= vocab)) {
         throw std::invalid_argument("width: the oracle's candidates per depth must be 1..budget (" +
                                     std::to_string(r.budget) + ") and below the vocabulary");
     }
@@ -335,7 +335,7 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
     const int n = static_cast<int>(r.prompts.size());
     const int vocab = model_.dims().vocab;
     const int depth_limit = has_drafter() ? drafter_.model->dims().block - 1 : r.depth_limit;
-    const int width = has_drafter() ? std::min(r.budget, vocab) : r.width;
+    const int width = has_drafter() && r.width == 0 ? std::min(r.budget, vocab) : r.width;
     check(r, depth_limit, width);
     check_generation_length(r.prompts, r.max_new_tokens, cache_.max_context());
     cudaStream_t s = model_.stream();

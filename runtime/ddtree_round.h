@@ -58,8 +58,9 @@ struct RoundRequest {
     int budget = 0;                  // nodes below the root, 1..the engine's
     std::vector<int32_t> stop_ids;   // at most kernels::kRoundMaxStopIds
     const OracleRequest* oracle = nullptr;
-    // Without a drafter (oracle only): the tree depth limit and the oracle's candidates per depth. With one they
-    // are the drafter's block - 1 and min(budget, vocab).
+    // Without a drafter (oracle only): the tree depth limit and the oracle's candidates per depth. With one the
+    // depth limit is the drafter's block - 1, and width (candidates per depth) 0 means min(budget, vocab); width 1
+    // with budget block - 1 verifies DFlash's own chain of top-1 tokens.
     int depth_limit = 0, width = 0;
     bool profile = false;  // eager rounds, each stage timed (TreeGeneration::stages)
 };

@@ -1,4 +1,5 @@
-"""Evaluate the trained demo pair on the CPU with ddtree's numpy reference, and write its report.
+"""Evaluate the trained demo pair with ddtree's numpy reference (and, with --engine, on the GPU engine), and write
+its report.
 
 1. Agreement: the exported checkpoints, loaded by ddtree.checkpoint and the drafter loader, give on the reference
    the logits the torch training models give from the same weights (a held-out snippet; float32 both sides).
@@ -10,6 +11,7 @@
 
     python3 tools/eval_demo.py --model MODEL --data DATA --train-log OUT/train.json --out bench/results/demo
     python3 tools/eval_demo.py --out bench/results/demo --report-only    # the Markdown and plot from demo.json
+    python3 tools/eval_demo.py --model py/ddtree/demo --out bench/results/demo --engine   # on a GPU
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ddtree.reference.drafter import ReferenceDrafter
 from bench_report import pyplot
 
 PROMPT_TOKENS = 128
+PROMPTS_FILE = "held_out_prompts.json"  # beside demo.json: the prompts the acceptance tables were measured on
 BUDGETS = (4, 8, 16, 32, 64)
 TEMPERATURES = (0.0, 1.0)
 # Logits other than the top-1 get this much less, so best-first DDTree grows the top-1 chain first: with a budget
@@ -131,6 +134,10 @@ def acceptance(model_dir: Path, prompts: list[dict], block_size: int, new_tokens
             for kind, budget in settings for t in TEMPERATURES for i, p in enumerate(prompts)]
     with ProcessPoolExecutor(workers) as pool:
         runs = list(pool.map(_acceptance_job, jobs))
+    return _summary(runs, settings), runs
+
+
+def _summary(runs: list[dict], settings: list[tuple[str, int]]) -> list[dict]:
     rows = []
     for kind, budget in settings:
         for t in TEMPERATURES:
@@ -140,7 +147,30 @@ def acceptance(model_dir: Path, prompts: list[dict], block_size: int, new_tokens
                          "rounds": sum(r["rounds"] for r in mine), "mean_acceptance": _mean(mine),
                          "mean_acceptance_without_encodings": _mean(code),
                          "seconds": sum(r["seconds"] for r in mine)})
-    return rows, runs
+    return rows
+
+
+def engine_acceptance(model_dir: Path, prompts: list[dict], block_size: int, new_tokens: int) -> list[dict]:
+    """The same table from the GPU engine's DDTree rounds, 16 prompts per call. The chain is the drafter's top-1
+    token per depth (width 1) at budget block - 1; noise at T = 1 is keyed by (seed 0, stream slot, position)."""
+    from ddtree import Engine
+
+    streams = 16
+    engine = Engine(model_dir, model_dir / "drafter", streams=streams,
+                    max_context=PROMPT_TOKENS + new_tokens + block_size, budget=max(BUDGETS))
+    settings = [("chain", block_size - 1)] + [("ddtree", b) for b in BUDGETS]
+    runs = []
+    for kind, budget in settings:
+        for t in TEMPERATURES:
+            for begin in range(0, len(prompts), streams):
+                batch = prompts[begin:begin + streams]
+                out = engine.native.generate_ddtree([p["ids"] for p in batch], new_tokens, t, 0, budget,
+                                                    width=1 if kind == "chain" else 0)
+                for p, accepts in zip(batch, out["accept_lengths"]):
+                    runs.append({"file": p["file"], "kind": kind, "budget": budget, "temperature": t,
+                                 "rounds": len(accepts), "accepted": int(sum(accepts)),
+                                 "seconds": out["decode_seconds"]})
+    return _summary(runs, settings)
 
 
 def write_report(out: Path, report: dict) -> None:
@@ -179,6 +209,19 @@ def write_report(out: Path, report: dict) -> None:
         gain = r["mean_acceptance"] / chain[r["temperature"]]
         lines.append(f"| {name} | {r['temperature']:g} | {r['mean_acceptance']:.2f} | {gain:.2f}x | {r['rounds']} | "
                      f"{r['mean_acceptance_without_encodings']:.2f} |")
+    if "acceptance_engine" in report:
+        engine_chain = {r["temperature"]: r["mean_acceptance"] for r in report["acceptance_engine"]
+                        if r["kind"] == "chain"}
+        lines += ["", f"## Mean acceptance length (GPU engine, {report['engine_device']})", "",
+                  "The same prompts through the GPU engine's DDTree rounds (bf16 and INT4 kernels, 16 prompts per "
+                  "call); the chain is the drafter's top-1 token per depth (width 1, budget block - 1).", "",
+                  "| drafting | T | mean acceptance | gain over the chain | rounds | without encodings/ |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for r in report["acceptance_engine"]:
+            name = f"chain ({r['budget']} nodes)" if r["kind"] == "chain" else f"DDTree, budget {r['budget']}"
+            gain = r["mean_acceptance"] / engine_chain[r["temperature"]]
+            lines.append(f"| {name} | {r['temperature']:g} | {r['mean_acceptance']:.2f} | {gain:.2f}x | "
+                         f"{r['rounds']} | {r['mean_acceptance_without_encodings']:.2f} |")
     (out / "demo.md").write_text("\n".join(lines) + "\n")
     plt = pyplot()
     if plt is None:
@@ -215,15 +258,34 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite OUT's Markdown and plot from its demo.json, evaluating nothing")
+    parser.add_argument("--engine", action="store_true",
+                        help="add the GPU engine's acceptance table, on the prompts of OUT's held_out_prompts.json, to "
+                             "its demo.json (needs --model and a CUDA device) and rewrite the report")
     args = parser.parse_args()
     if args.report_only:
         write_report(args.out, json.loads((args.out / "demo.json").read_text()))
+        return
+    if args.engine:
+        if args.model is None:
+            parser.error("--engine needs --model")
+        from ddtree.device import device_info
+
+        # The reference run's prompts (the corpus depends on the Python that built it, so they are kept).
+        report = json.loads((args.out / "demo.json").read_text())
+        prompts = json.loads((args.out / PROMPTS_FILE).read_text())
+        block = json.loads((args.model / "drafter" / "config.json").read_text())["block_size"]
+        report["acceptance_engine"] = engine_acceptance(args.model, prompts, block, report["new_tokens"])
+        report["engine_device"] = str(device_info()).splitlines()[-1].strip()
+        write_report(args.out, report)
+        print((args.out / "demo.md").read_text())
         return
     if None in (args.model, args.data, args.train_log):
         parser.error("--model, --data and --train-log are required unless --report-only")
     agreement = check_agreement(args.model, args.data)
     print(json.dumps(agreement))
     prompts = held_out_prompts(args.data, args.prompts, args.new_tokens, args.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / PROMPTS_FILE).write_text(json.dumps(prompts))
     block = json.loads((args.model / "drafter" / "config.json").read_text())["block_size"]
     rows, runs = acceptance(args.model, prompts, block, args.new_tokens, args.workers)
     report = {"train": json.loads(args.train_log.read_text()), "agreement": agreement, "prompts": len(prompts),

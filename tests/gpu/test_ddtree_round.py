@@ -114,6 +114,20 @@ def test_window_round_equals_autoregressive(model_dirs: dict[str, Path], drafter
     _check_round_equals_ar(engine, 3, 16, 0.0, 0.9, seed=4)
 
 
+def test_chain_of_top_1_tokens(model_dirs: dict[str, Path], drafter_dirs: dict[str, Path]) -> None:
+    """width 1 at budget block - 1: the tree is the drafter's chain of top-1 tokens (every node one deeper than the
+    last), still AR's tokens; an oracle at width 1 accepts the whole chain when it always hits."""
+    engine = _engine("tiny", model_dirs, drafter_dirs, 3, 16)
+    prompts = _prompts(512, [5, 34, 63], 6)
+    ar = [r.tokens for r in engine.generate(prompts, NEW_TOKENS, method="ar", stop_token_ids=())]
+    chain = engine.native.generate_ddtree(prompts, NEW_TOKENS, 0.0, 6, 7, width=1)
+    assert chain["tokens"] == ar
+    hits = engine.native.generate_ddtree(prompts, NEW_TOKENS, 0.0, 6, 7, width=1, reference=ar, hit=[1.0] * 7,
+                                         oracle_seed=1)
+    assert hits["tokens"] == ar
+    assert all(a == 8 for stream in hits["accept_lengths"] for a in stream[:-1])
+
+
 def test_replayed_round_equals_eager_round(model_dirs: dict[str, Path], drafter_dirs: dict[str, Path]) -> None:
     """profile=True runs every round eagerly, stage by stage: the same tokens and accept lengths as the graphs."""
     engine = _engine("tiny", model_dirs, drafter_dirs, 3, 16)
