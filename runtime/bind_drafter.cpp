@@ -75,12 +75,7 @@ void bind_drafter(nb::module_& m) {
         .def_prop_ro("max_context", &EagerDrafter::max_context)
         .def(
             "upload",
-            [](EagerDrafter& e, const std::string& name, HostArray a) {
-                const void* data = a.data();
-                const size_t bytes = a.nbytes();
-                nb::gil_scoped_release release;
-                e.weights().upload(name, data, bytes);
-            },
+            [](EagerDrafter& e, const std::string& name, HostArray a) { upload_host(e.weights(), name, a); },
             nb::arg("name"), nb::arg("array"), "Copy one drafter tensor (its checkpoint name) to the device.")
         .def("randomize_weights", [](EagerDrafter& e, uint64_t seed) { e.weights().randomize(seed); },
              nb::arg("seed"), nb::call_guard<nb::gil_scoped_release>())

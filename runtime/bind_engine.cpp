@@ -98,12 +98,7 @@ void bind_engine(nb::module_& m) {
         .def_prop_ro("device", &Engine::device)
         .def(
             "upload",
-            [](Engine& e, const std::string& name, HostArray a) {
-                const void* data = a.data();
-                const size_t bytes = a.nbytes();
-                nb::gil_scoped_release release;
-                e.weights().upload(name, data, bytes);
-            },
+            [](Engine& e, const std::string& name, HostArray a) { upload_host(e.weights(), name, a); },
             nb::arg("name"), nb::arg("array"), "Copy one tensor (name without the weight prefix) to the device.")
         .def(
             "upload_expert",
@@ -126,13 +121,7 @@ void bind_engine(nb::module_& m) {
             nb::arg("up_scale"), nb::arg("down_packed"), nb::arg("down_scale"))
         .def(
             "upload_drafter",
-            [](Engine& e, const std::string& name, HostArray a) {
-                DrafterWeights& w = e.drafter_weights();
-                const void* data = a.data();
-                const size_t bytes = a.nbytes();
-                nb::gil_scoped_release release;
-                w.upload(name, data, bytes);
-            },
+            [](Engine& e, const std::string& name, HostArray a) { upload_host(e.drafter_weights(), name, a); },
             nb::arg("name"), nb::arg("array"), "Copy one drafter tensor (its checkpoint name) to the device.")
         .def("randomize_drafter", [](Engine& e, uint64_t seed) { e.drafter_weights().randomize(seed); },
              nb::arg("seed"), nb::call_guard<nb::gil_scoped_release>())

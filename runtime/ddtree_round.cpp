@@ -93,7 +93,11 @@ DdtreeRound::State DdtreeRound::State::lay_out(int streams, int budget, int hist
 DdtreeRound::DdtreeRound(TargetModel& model, const LatentCache& cache, ArDecoder& decoder, int max_budget,
                          const State& state, RoundDrafter drafter)
     : model_(model), cache_(cache), decoder_(decoder), max_budget_(max_budget), state_(state),
-      drafter_(std::move(drafter)) {
+      drafter_(std::move(drafter)),
+      oracle_{state_.reference, state_.history_ld,
+              reinterpret_cast<const int32_t*>(state_.oracle_scalars + kOracleLengthAt), state_.oracle_scalars,
+              reinterpret_cast<const unsigned long long*>(state_.oracle_scalars + kOracleSeedAt),
+              model_.dims().vocab} {
     const int n = cache_.streams();
     CUDA_CHECK(cudaMallocHost(&pinned_, (n * output_ints(state_.history_ld) + 2 * static_cast<size_t>(n)) * 4));
     if (has_drafter()) {
@@ -342,11 +346,6 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
     PhaseClock clock(s);  // start, prefilled, decoded
     start_streams(r);
     clock.mark();
-    if (r.oracle != nullptr) {
-        oracle_ = {state_.reference, state_.history_ld,
-                   reinterpret_cast<const int32_t*>(state_.oracle_scalars + kOracleLengthAt), state_.oracle_scalars,
-                   reinterpret_cast<const unsigned long long*>(state_.oracle_scalars + kOracleSeedAt), vocab};
-    }
     // Every node of every round stays within max prompt + max_new_tokens - 1 + depth_limit keys (a finished stream
     // no longer moves); the drafter's context is at most as long, and bounded by its cache.
     int longest = 0;
@@ -359,66 +358,65 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
     // r - 1's finished flags (copied to pinned memory behind it), saves and drops the streams that finished, and
     // stops once every stream has. A round commits at least one token of every live stream, so max_new_tokens
     // rounds finish them all.
-    std::vector<int> slots(n);
+    std::vector<int> slots(n), keep, live;  // slot -> stream; the slots and streams a compaction keeps
     for (int i = 0; i < n; ++i) slots[i] = i;
+    keep.reserve(n);
+    live.reserve(n);
     std::vector<std::vector<int>> flagged_slots(2);  // the slot map each pinned flag copy was taken under
     int32_t* flags = pinned_ + n * output_ints(state_.history_ld);
-    std::vector<bool> done(n, false);
-    int finished_streams = 0, rounds = 0;
+    int rounds = 0, replays = 0;
     double host_seconds = 0.0;
-    int replays = 0;
     std::map<std::string, double> stage_seconds;
     cudaEvent_t copied[2];
     for (cudaEvent_t& e : copied) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    // Finished is sticky and every copy is read in turn, so a stream leaves at the first copy that flags it; every
+    // live stream was in every earlier slot map.
     auto read_flags = [&](int parity) {
         CUDA_CHECK(cudaEventSynchronize(copied[parity]));
-        std::vector<int> keep;
-        bool dropped = false;
-        for (size_t i = 0; i < slots.size(); ++i) {
-            const int stream = slots[i];
-            const auto& map = flagged_slots[parity];
-            const auto at = std::find(map.begin(), map.end(), stream);
-            const bool is_done = done[stream] || (at != map.end() && flags[parity * n + (at - map.begin())] != 0);
-            if (is_done && !done[stream]) {
-                done[stream] = true;
-                ++finished_streams;
-            }
-            if (is_done) {
-                save_slot(static_cast<int>(i), stream);
-                dropped = true;
+        const std::vector<int>& map = flagged_slots[parity];
+        keep.clear();
+        live.clear();
+        for (int i = 0; i < static_cast<int>(slots.size()); ++i) {
+            const int at = static_cast<int>(std::find(map.begin(), map.end(), slots[i]) - map.begin());
+            if (flags[parity * n + at] != 0) {
+                save_slot(i, slots[i]);
             } else {
-                keep.push_back(static_cast<int>(i));
+                keep.push_back(i);
+                live.push_back(slots[i]);
             }
         }
-        if (!dropped) return;
-        std::vector<int> live;
-        for (const int i : keep) live.push_back(slots[i]);
+        if (live.size() == slots.size()) return;
         if (!keep.empty()) compact(keep);
-        slots = live;
+        slots.swap(live);
     };
     if (r.max_new_tokens <= 1) {  // the prefill's token is all: no round
         for (int i = 0; i < n; ++i) save_slot(i, i);
-        finished_streams = n;
+        slots.clear();
     }
+    cudaGraphExec_t graph = nullptr;  // the graph of slots.size() streams, looked up when that changes
+    int graph_streams = 0;
     try {
-        while (finished_streams < n && rounds <= r.max_new_tokens + 1) {
+        while (!slots.empty() && rounds <= r.max_new_tokens + 1) {
             const int m = static_cast<int>(slots.size());
             const RoundKey key{m, r.budget, depth_limit, width, span, draft_span, r.oracle != nullptr};
             const int parity = rounds % 2;
+            if (!r.profile && m != graph_streams) {
+                graph = graphs_.get(key, s, [&] { record_round(key, nullptr); });
+                graph_streams = m;
+            }
+            const auto begin = std::chrono::steady_clock::now();
             if (r.profile) {
                 OpTimeline timeline(s);
                 hold_stream_for_timing(s);
                 record_round(key, &timeline);
                 CUDA_CHECK(cudaStreamSynchronize(s));
                 timeline.accumulate(stage_seconds);
-                CUDA_CHECK(cudaMemcpyAsync(flags + parity * n, state_.finished, m * 4, cudaMemcpyDeviceToHost, s));
-                CUDA_CHECK(cudaEventRecord(copied[parity], s));
             } else {
-                const cudaGraphExec_t graph = graphs_.get(key, s, [&] { record_round(key, nullptr); });
-                const auto begin = std::chrono::steady_clock::now();
                 CUDA_CHECK(cudaGraphLaunch(graph, s));
-                CUDA_CHECK(cudaMemcpyAsync(flags + parity * n, state_.finished, m * 4, cudaMemcpyDeviceToHost, s));
-                CUDA_CHECK(cudaEventRecord(copied[parity], s));
+            }
+            CUDA_CHECK(cudaMemcpyAsync(flags + parity * n, state_.finished, m * 4, cudaMemcpyDeviceToHost, s));
+            CUDA_CHECK(cudaEventRecord(copied[parity], s));
+            if (!r.profile) {
                 host_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
                 ++replays;
             }
@@ -430,7 +428,7 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
                 read_flags(1 - parity);
             }
         }
-        if (finished_streams < n) throw std::logic_error("DDTree rounds did not finish every stream");
+        if (!slots.empty()) throw std::logic_error("DDTree rounds did not finish every stream");
     } catch (...) {
         for (cudaEvent_t e : copied) cudaEventDestroy(e);
         throw;

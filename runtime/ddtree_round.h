@@ -134,7 +134,7 @@ class DdtreeRound {
     int max_budget_;
     State state_;
     RoundDrafter drafter_;
-    kernels::OracleDraft oracle_{};
+    kernels::OracleDraft oracle_;  // reads the request's continuation and profile from state_
     GraphCache<RoundKey> graphs_;
     int32_t* pinned_ = nullptr;  // [streams][2 * history_ld + 2] outputs, then [2][streams] finished flags
 };

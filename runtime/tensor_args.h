@@ -36,6 +36,16 @@ std::pair<const int32_t*, const uint16_t*> host_int4_projection(const HostArray&
                                                                 std::initializer_list<int64_t> packed_shape,
                                                                 std::initializer_list<int64_t> scale_shape);
 
+// Copies host array `a` into the weight registry `weights` (target or drafter) as tensor `name`, with the GIL
+// released while the bytes travel.
+template <typename Weights>
+void upload_host(Weights& weights, const std::string& name, const HostArray& a) {
+    const void* data = a.data();
+    const size_t bytes = a.nbytes();
+    nb::gil_scoped_release release;
+    weights.upload(name, data, bytes);
+}
+
 // Field `key` of a config dict built by the Python side; ValueError naming `where` and the field when it is absent.
 template <typename T>
 T config_field(const nb::dict& d, const char* where, const char* key) {

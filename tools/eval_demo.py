@@ -173,6 +173,19 @@ def engine_acceptance(model_dir: Path, prompts: list[dict], block_size: int, new
     return _summary(runs, settings)
 
 
+def _acceptance_table(rows: list[dict]) -> list[str]:
+    """Markdown rows of an acceptance table, each beside the chain's figure at its temperature."""
+    chain = {r["temperature"]: r["mean_acceptance"] for r in rows if r["kind"] == "chain"}
+    lines = ["| drafting | T | mean acceptance | gain over the chain | rounds | without encodings/ |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        name = f"chain ({r['budget']} nodes)" if r["kind"] == "chain" else f"DDTree, budget {r['budget']}"
+        gain = r["mean_acceptance"] / chain[r["temperature"]]
+        lines.append(f"| {name} | {r['temperature']:g} | {r['mean_acceptance']:.2f} | {gain:.2f}x | {r['rounds']} | "
+                     f"{r['mean_acceptance_without_encodings']:.2f} |")
+    return lines
+
+
 def write_report(out: Path, report: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo.json").write_text(json.dumps(report, indent=1))
@@ -201,27 +214,12 @@ def write_report(out: Path, report: dict) -> None:
              "chain is DFlash's: the top-1 token at each of the block - 1 depths. The last column leaves out the "
              f"{len(codecs)} prompts from codec modules ({', '.join(codecs)}): their tables and boilerplate are "
              "shared by about a hundred near-identical training files, so they draft far more easily than the "
-             "rest.", "",
-             "| drafting | T | mean acceptance | gain over the chain | rounds | without encodings/ |",
-             "| --- | --- | --- | --- | --- | --- |"]
-    for r in report["acceptance"]:
-        name = f"chain ({r['budget']} nodes)" if r["kind"] == "chain" else f"DDTree, budget {r['budget']}"
-        gain = r["mean_acceptance"] / chain[r["temperature"]]
-        lines.append(f"| {name} | {r['temperature']:g} | {r['mean_acceptance']:.2f} | {gain:.2f}x | {r['rounds']} | "
-                     f"{r['mean_acceptance_without_encodings']:.2f} |")
+             "rest.", ""] + _acceptance_table(report["acceptance"])
     if "acceptance_engine" in report:
-        engine_chain = {r["temperature"]: r["mean_acceptance"] for r in report["acceptance_engine"]
-                        if r["kind"] == "chain"}
         lines += ["", f"## Mean acceptance length (GPU engine, {report['engine_device']})", "",
                   "The same prompts through the GPU engine's DDTree rounds (bf16 and INT4 kernels, 16 prompts per "
-                  "call); the chain is the drafter's top-1 token per depth (width 1, budget block - 1).", "",
-                  "| drafting | T | mean acceptance | gain over the chain | rounds | without encodings/ |",
-                  "| --- | --- | --- | --- | --- | --- |"]
-        for r in report["acceptance_engine"]:
-            name = f"chain ({r['budget']} nodes)" if r["kind"] == "chain" else f"DDTree, budget {r['budget']}"
-            gain = r["mean_acceptance"] / engine_chain[r["temperature"]]
-            lines.append(f"| {name} | {r['temperature']:g} | {r['mean_acceptance']:.2f} | {gain:.2f}x | "
-                         f"{r['rounds']} | {r['mean_acceptance_without_encodings']:.2f} |")
+                  "call); the chain is the drafter's top-1 token per depth (width 1, budget block - 1).", ""]
+        lines += _acceptance_table(report["acceptance_engine"])
     (out / "demo.md").write_text("\n".join(lines) + "\n")
     plt = pyplot()
     if plt is None:

@@ -8,6 +8,11 @@
 # (meson-python, pyproject-metadata) are taken from .wheels/ when that folder exists. The build directory is kept
 # under build/ so a second call on a warm machine recompiles only what changed. Each step is killed after
 # $STEP_TIMEOUT seconds (default 540), so a hung kernel costs one step, not the whole device session.
+#
+# SANITIZE="memcheck racecheck initcheck synccheck" (any of them) runs the tests once under each compute-sanitizer
+# tool, after the plain run, logging sanitize_TOOL.log; a tool's error fails the suite. They slow every kernel by
+# 10-100x, so a subset (-k) is what fits one device command; torch's caching allocator is then off, so that
+# memcheck sees every allocation's bounds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,6 +59,22 @@ if (( status == 0 )); then
     (cd /tmp && timeout "$step_timeout" python3 -m pytest -q -p no:cacheprovider "$OLDPWD/tests/gpu" ${pytest_expr[@]+"${pytest_expr[@]}"} \
         --junitxml="$report_dir/gpu_tests.xml" 2>&1) | tee "$report_dir/gpu_tests.log"
     (( PIPESTATUS[0] == 0 )) || status=1
+    for tool in ${SANITIZE:-}; do
+        case $tool in
+            memcheck) extra=(--leak-check no) ;;
+            racecheck) extra=(--racecheck-report all) ;;
+            initcheck | synccheck) extra=() ;;
+            *) echo "SANITIZE: unknown tool $tool (memcheck, racecheck, initcheck, synccheck)"; status=1; continue ;;
+        esac
+        log=$report_dir/sanitize_$tool.log
+        (cd /tmp && PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$step_timeout" compute-sanitizer --tool "$tool" \
+            "${extra[@]}" --error-exitcode 86 python3 -m pytest -q -p no:cacheprovider "$OLDPWD/tests/gpu" \
+            ${pytest_expr[@]+"${pytest_expr[@]}"}) >"$log" 2>&1
+        rc=$?
+        summary=$(grep -E "(ERROR|RACECHECK) SUMMARY" "$log" | tail -1)
+        echo "$tool: exit $rc; ${summary:-no summary (timed out or crashed)}; $(grep -E "passed|failed" "$log" | tail -1)"
+        (( rc == 0 )) || status=1
+    done
     for bench in "$@"; do
         echo "== bench $bench"
         (cd /tmp && timeout "$step_timeout" python3 "$OLDPWD/tools/bench_$bench.py" --out "$report_dir/$bench" 2>&1) \

@@ -20,11 +20,11 @@ from rich.console import Console
 
 from ddtree import __version__
 from ddtree.config import ModelConfig
-from ddtree.errors import DDTreeError, NonFiniteError, RequestError, check_token_ids
+from ddtree.errors import DDTreeError, NonFiniteError, RequestError
 from ddtree.estimate.gpus import GPUS as GPU_PRESETS
 from ddtree.generation_view import OnTokens, Run, progress_display, show_results
 from ddtree.limits import MAX_TREE_BUDGET
-from ddtree.request import ArgumentNames, check_request, check_seed
+from ddtree.request import ArgumentNames, check_request, check_seed, check_stop_ids
 from ddtree.results import GenerationResult, with_text
 from ddtree.tokenizer import encode_prompts
 
@@ -252,8 +252,7 @@ def _stop_ids(args: argparse.Namespace, cfg: ModelConfig) -> list[int]:
     """config.json's eos ids (unless --ignore-eos; one outside the vocabulary is never generated, so it is left out)
     and --stop-ids."""
     stops = [] if args.ignore_eos else [eos for eos in cfg.eos_token_ids if 0 <= eos < cfg.vocab_size]
-    if args.stop_ids:
-        stops += check_token_ids(args.stop_ids, cfg.vocab_size, "--stop-ids").tolist()
+    stops += check_stop_ids(args.stop_ids, cfg.vocab_size, "--stop-ids")
     return stops
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from ddtree import bf16
 from ddtree.drafter import DrafterConfig, open_drafter
-from ddtree.engine import Engine, _native_call, drafter_dims
+from ddtree.engine import Engine, _native_call, drafter_dims, upload_drafter_tensors
 from ddtree.errors import RequestError
 from ddtree.reference.rope import Rope
 
@@ -72,11 +72,7 @@ class GpuDrafter:
 
     def upload(self, weights: Mapping[str, np.ndarray]) -> None:
         """Copy every drafter tensor of ``weights`` (bf16 bits) to the device; RuntimeError if one is missing."""
-        for name in weights:
-            _native_call(self._native.upload, name, np.ascontiguousarray(weights[name]))
-        missing = self._native.missing()
-        if missing:
-            raise RuntimeError(f"drafter weights incomplete: {missing!r} was not uploaded")
+        upload_drafter_tensors(weights, self._native.upload, self._native.missing)
 
     def committed(self, stream: int) -> int:
         """Context rows committed to `stream` so far (the position its next block starts at)."""

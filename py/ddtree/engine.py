@@ -8,7 +8,7 @@ boundary; what it refuses arrives here as a RequestError naming the argument.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from ddtree.config import LORA_NORM_EPS, ModelConfig
 from ddtree.drafter import DrafterConfig, open_drafter
 from ddtree.errors import RequestError, check_token_ids
 from ddtree.limits import MAX_STOP_IDS, MAX_TREE_BUDGET
-from ddtree.request import METHODS, check_seed
+from ddtree.request import METHODS, check_seed, check_stop_ids
 from ddtree.reference.rope import Rope
 from ddtree.results import GenerationResult, cut_at_stop, with_text
 from ddtree.tokenizer import encode_prompts
@@ -66,6 +66,17 @@ def _native_call(method: Any, *args: Any) -> Any:
         return method(*args)
     except ValueError as err:
         raise RequestError(str(err)) from None
+
+
+def upload_drafter_tensors(weights: Mapping[str, np.ndarray], upload: Callable[[str, np.ndarray], None],
+                           missing: Callable[[], str]) -> None:
+    """Copy every drafter tensor of ``weights`` (bf16 bits) through the runtime's `upload`; RuntimeError naming the
+    first tensor `missing` still reports afterwards."""
+    for name in weights:
+        _native_call(upload, name, np.ascontiguousarray(weights[name]))
+    left = missing()
+    if left:
+        raise RuntimeError(f"drafter weights incomplete: {left!r} was not uploaded")
 
 
 def _native_engine(cfg: ModelConfig, streams: int, max_context: int, budget: int, device: int,
@@ -207,18 +218,12 @@ class Engine:
 
     def upload_drafter(self, weights: Mapping[str, np.ndarray]) -> None:
         """Copy every drafter tensor of ``weights`` (bf16 bits by checkpoint name) to the device."""
-        for name in weights:
-            _native_call(self._native.upload_drafter, name, np.ascontiguousarray(weights[name]))
-        missing = self._native.drafter_missing()
-        if missing:
-            raise RuntimeError(f"drafter weights incomplete: {missing!r} was not uploaded")
+        upload_drafter_tensors(weights, self._native.upload_drafter, self._native.drafter_missing)
 
     def _stop_ids(self, stop_token_ids: Sequence[int] | None) -> list[int]:
         if stop_token_ids is None:
             return [e for e in self.config.eos_token_ids if 0 <= e < self.config.vocab_size]
-        if len(stop_token_ids) == 0:
-            return []
-        ids = check_token_ids(stop_token_ids, self.config.vocab_size, "stop_token_ids").tolist()
+        ids = check_stop_ids(stop_token_ids, self.config.vocab_size)
         if len(ids) > MAX_STOP_IDS:
             raise RequestError(f"stop_token_ids: at most {MAX_STOP_IDS} ids, got {len(ids)}")
         return ids

@@ -49,6 +49,11 @@ def _is_integer(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
+def check_stop_ids(ids: Sequence[int], vocab_size: int, name: str = "stop_token_ids") -> list[int]:
+    """Stop token ids as a list of ints (empty: none); RequestError naming the bad id otherwise."""
+    return [] if len(ids) == 0 else check_token_ids(ids, vocab_size, name).tolist()
+
+
 def check_seed(seed: object, name: str = "seed") -> int:
     if not _is_integer(seed) or not 0 <= seed < SEED_LIMIT:
         raise RequestError(f"{name} must be an integer in [0, 2**64), got {seed!r}")

@@ -21,12 +21,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ddtree.errors import NonFiniteError, RequestError, check_token_ids
+from ddtree.errors import NonFiniteError, RequestError
 from ddtree.reference.drafter import ReferenceDrafter, draft_top_k
 from ddtree.reference.model import ReferenceModel
 from ddtree.reference.sampling import target_choices
 from ddtree.reference.tree import accept_tree, build_tree, next_context, verify_inputs
-from ddtree.request import check_request
+from ddtree.request import check_request, check_stop_ids
 from ddtree.results import GenerationResult, cut_at_stop, with_text
 from ddtree.tokenizer import encode_prompts
 
@@ -51,8 +51,7 @@ def generate(model: ReferenceModel, drafter: ReferenceDrafter | None, prompt_ids
     [prompt], tokenizer = encode_prompts([prompt_ids], model.model_dir)
     request = check_request(model.config, drafter.config if drafter is not None else None, prompt,
                             max_new_tokens, method, budget, temperature, seed)
-    stops = set(check_token_ids(stop_token_ids, model.config.vocab_size, "stop_token_ids").tolist()) \
-        if len(stop_token_ids) else set()
+    stops = set(check_stop_ids(stop_token_ids, model.config.vocab_size))
     if draft_window is not None and (isinstance(draft_window, bool) or not isinstance(draft_window, int)
                                      or draft_window < 1):
         raise RequestError(f"draft_window must be a positive integer or None, got {draft_window!r}")
