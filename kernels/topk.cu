@@ -4,8 +4,9 @@
 // strided partials (partial t takes tokens t, t + 1024, ... online), a butterfly over each warp of 32 partials,
 // then a butterfly over the 32 warps' results. CTA `part` of the cluster owns partials [128 part, 128 part + 128),
 // whole warps, and the tokens they take (its slice), which it stages in shared memory:
-//   1. its 4 warps run their partials and warp butterflies and write the results to every CTA of the cluster;
-//      each CTA then runs the same 32-warp butterfly on the same values, so all hold the same row statistics;
+//   1. its 4 warps stage the slice, each thread the tokens of its own partial, run the partials as the tokens
+//      land, then the warp butterflies, and write the results to every CTA of the cluster; each CTA then runs
+//      the same 32-warp butterfly on the same values, so all hold the same row statistics;
 //   2. each CTA selects its slice's top k by (log-prob descending, id ascending): radix select of the k-th largest
 //      orderable 32-bit key (11 + 11 + 10 bits), an ordered compaction (every key above it, then the lowest ids
 //      of those equal to it) and a bitonic sort. Fewer than k entries of the row rank above an entry of the row's
@@ -34,6 +35,7 @@ constexpr int kRowCtas = 8;      // CTAs per row: a 163840-token row leaves 2048
 constexpr int kCtaPartials = kPartials / kRowCtas;
 constexpr int kCtaWarps = kCtaPartials / 32;
 constexpr int kBins = 2048;  // 11-bit digits
+constexpr int kStages = 4;   // cp.async groups a partial's tokens arrive in
 static_assert(kCtaPartials % 32 == 0 && kCtaPartials <= kThreads, "a CTA runs whole warps of partials");
 static_assert(kTopkMax <= kThreads, "the sort keeps one candidate per thread");
 
@@ -100,18 +102,42 @@ __device__ __forceinline__ void warp_merge_stats(float& m, float& s) {
     }
 }
 
-// Partial `partial` of the row, from (m, s) = (-inf, 0), over its tokens partial, partial + 1024, ... (slice
-// positions j * 128 + t).
-__device__ __forceinline__ void run_partial(const float* slice, int t, int partial, int vocab, float& m, float& s) {
+// Waits until at most `pending` of this thread's cp.async groups are in flight (0 <= pending < kStages).
+__device__ __forceinline__ void cp_async_wait_pending(int pending) {
+    static_assert(kStages == 4, "one case per stage");
+    switch (pending) {
+        case 0: cp_async_wait<0>(); break;
+        case 1: cp_async_wait<1>(); break;
+        case 2: cp_async_wait<2>(); break;
+        default: cp_async_wait<3>(); break;
+    }
+}
+
+// Partial `partial` of the row (thread t of its CTA), from (m, s) = (-inf, 0), over its tokens partial,
+// partial + 1024, ..., which this thread alone stages, at slice positions j * 128 + t: in kStages groups, each run
+// as it lands, so the statistics overlap the read of the row.
+__device__ __forceinline__ void run_partial(float* slice, const float* x, int t, int partial, int vocab, float& m,
+                                            float& s) {
     const int n = partial < vocab ? (vocab - partial + kPartials - 1) / kPartials : 0;
+    const int per_stage = (n + kStages - 1) / kStages;
+    for (int g = 0; g < kStages; ++g) {
+        for (int j = g * per_stage; j < min(n, (g + 1) * per_stage); ++j) {
+            cp_async4(&slice[j * kCtaPartials + t], x + partial + j * kPartials);
+        }
+        cp_async_commit();
+    }
+    for (int g = 0; g < kStages; ++g) {
+        cp_async_wait_pending(kStages - 1 - g);
+        const int end = min(n, (g + 1) * per_stage);
 #pragma unroll 8
-    for (int j = 0; j < n; ++j) {
-        const float v = finite_or_lowest(slice[j * kCtaPartials + t]);
-        if (v > m) {
-            s = s * expf(m - v) + 1.f;
-            m = v;
-        } else if (v != -INFINITY) {
-            s += expf(v - m);
+        for (int j = g * per_stage; j < end; ++j) {
+            const float v = finite_or_lowest(slice[j * kCtaPartials + t]);
+            if (v > m) {
+                s = s * expf(m - v) + 1.f;
+                m = v;
+            } else if (v != -INFINITY) {
+                s += expf(v - m);
+            }
         }
     }
 }
@@ -265,14 +291,10 @@ __global__ void __cluster_dims__(kRowCtas, 1, 1) __launch_bounds__(kThreads, 2)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const float* x = logits + static_cast<int64_t>(row) * ld;
     const int count = slice_count(vocab, part);
-    for (int p = threadIdx.x; p < count; p += kThreads) cp_async4(&s_slice[p], x + slice_token(p, part));
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
 
     float m = -INFINITY, s = 0.f;
     if (threadIdx.x < kCtaPartials) {
-        run_partial(s_slice, threadIdx.x, part * kCtaPartials + threadIdx.x, vocab, m, s);
+        run_partial(s_slice, x, threadIdx.x, part * kCtaPartials + threadIdx.x, vocab, m, s);
         warp_merge_stats(m, s);
     }
     cluster.barrier_wait();
@@ -289,7 +311,7 @@ __global__ void __cluster_dims__(kRowCtas, 1, 1) __launch_bounds__(kThreads, 2)
         warp_merge_stats(m, s);
         if (lane == 0) s_stats = RowStats{m, logf(s)};
     }
-    __syncthreads();
+    __syncthreads();  // also: the whole slice has landed
     const RowStats st = s_stats;
 
     const int want = min(k, count);
