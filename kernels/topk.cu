@@ -7,14 +7,15 @@
 //   1. its 4 warps stage the slice, each thread the tokens of its own partial, run the partials as the tokens
 //      land, then the warp butterflies, and write the results to every CTA of the cluster; each CTA then runs
 //      the same 32-warp butterfly on the same values, so all hold the same row statistics;
-//   2. each CTA selects its slice's top k by (log-prob descending, id ascending): radix select of the k-th largest
-//      orderable 32-bit key (11 + 11 + 10 bits), an ordered compaction (every key above it, then the lowest ids
-//      of those equal to it) and a bitonic sort. Fewer than k entries of the row rank above an entry of the row's
-//      top k, so fewer than k of its slice do: it is in its slice's top k;
+//   2. each CTA turns its slice into orderable 32-bit keys of the log-probs, in place, and selects its top k by
+//      (log-prob descending, id ascending): radix select of the k-th largest key (11 + 11 + 10 bits) among those
+//      at or above a floor (for k <= 128, the k-th largest of its partials' maxima), an ordered compaction (every
+//      key above it, then the lowest ids of those equal to it) and a bitonic sort. Fewer than k entries of the
+//      row rank above an entry of the row's top k, so fewer than k of its slice do: it is in its slice's top k;
 //   3. every CTA copies the cluster's sorted lists and ranks each of its own entries among all of them (binary
 //      searches); an entry of rank < k is in the row's top k, and its rank is its place there. Entries are
 //      distinct (the ids are), so the ranks of the row's top k are exactly 0..k-1.
-// Every pass computes the log-prob from the logit by the same expression, so all of them rank the same values.
+// Every log-prob comes from its logit by the same expression, the one the keys and the outputs hold.
 #include <cooperative_groups.h>
 
 #include <atomic>
@@ -83,7 +84,7 @@ __device__ __forceinline__ unsigned long long entry_of(uint32_t key, int id) {
     return (static_cast<unsigned long long>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(id));
 }
 
-__device__ __forceinline__ void cp_async4(float* smem, const float* gmem) {
+__device__ __forceinline__ void cp_async4(uint32_t* smem, const float* gmem) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(smem)), "l"(gmem));
 }
 
@@ -116,8 +117,8 @@ __device__ __forceinline__ void cp_async_wait_pending(int pending) {
 // Partial `partial` of the row (thread t of its CTA), from (m, s) = (-inf, 0), over its tokens partial,
 // partial + 1024, ..., which this thread alone stages, at slice positions j * 128 + t: in kStages groups, each run
 // as it lands, so the statistics overlap the read of the row.
-__device__ __forceinline__ void run_partial(float* slice, const float* x, int t, int partial, int vocab, float& m,
-                                            float& s) {
+__device__ __forceinline__ void run_partial(uint32_t* slice, const float* x, int t, int partial, int vocab,
+                                            float& m, float& s) {
     const int n = partial < vocab ? (vocab - partial + kPartials - 1) / kPartials : 0;
     const int per_stage = (n + kStages - 1) / kStages;
     for (int g = 0; g < kStages; ++g) {
@@ -131,7 +132,7 @@ __device__ __forceinline__ void run_partial(float* slice, const float* x, int t,
         const int end = min(n, (g + 1) * per_stage);
 #pragma unroll 8
         for (int j = g * per_stage; j < end; ++j) {
-            const float v = finite_or_lowest(slice[j * kCtaPartials + t]);
+            const float v = finite_or_lowest(__uint_as_float(slice[j * kCtaPartials + t]));
             if (v > m) {
                 s = s * expf(m - v) + 1.f;
                 m = v;
@@ -172,8 +173,9 @@ struct Threshold {
     int remaining;  // how many keys equal to it belong to the top `want`
 };
 
-// Radix select over the slice's `count` keys, 1 <= want <= count.
-__device__ Threshold radix_select(const float* slice, int count, const RowStats& st, int want, uint32_t* s_hist,
+// Radix select over the slice's `count` keys, 1 <= want <= count, given a key at or below the want-th largest:
+// the keys under it are left out of every histogram, so the atomics serve only the few that may be in.
+__device__ Threshold radix_select(const uint32_t* keys, int count, uint32_t floor_key, int want, uint32_t* s_hist,
                                   int* s_warp, Threshold* s_result) {
     uint32_t prefix = 0, mask = 0;
     int remaining = want;
@@ -188,8 +190,8 @@ __device__ Threshold radix_select(const float* slice, int count, const RowStats&
             bool counted = false;
             uint32_t digit = 0;
             if (p < count) {
-                const uint32_t key = order_key(log_prob(slice[p], st));
-                counted = (key & mask) == prefix;
+                const uint32_t key = keys[p];
+                counted = key >= floor_key && (key & mask) == prefix;
                 digit = (key >> shift) & digit_mask;
             }
             // Lanes that share a bin add once: the few bins the high digits of real logits fall in would otherwise
@@ -224,13 +226,13 @@ __device__ Threshold radix_select(const float* slice, int count, const RowStats&
 
 // The slice's top `want` into s_cand[0, want), unordered but for the keys equal to the threshold, of which the
 // lowest ids are taken: thread t takes a run of consecutive positions, so thread order is token order.
-__device__ void compact(const float* slice, int count, int part, const RowStats& st, int want, Threshold th,
-                        unsigned long long* s_cand, int* s_warp) {
+__device__ void compact(const uint32_t* keys, int count, int part, int want, Threshold th, unsigned long long* s_cand,
+                        int* s_warp) {
     const int run = (count + kThreads - 1) / kThreads;
     const int begin = min(count, static_cast<int>(threadIdx.x) * run), end = min(count, begin + run);
     int above = 0, equal = 0;
     for (int p = begin; p < end; ++p) {
-        const uint32_t key = order_key(log_prob(slice[p], st));
+        const uint32_t key = keys[p];
         above += key > th.key;
         equal += key == th.key;
     }
@@ -239,7 +241,7 @@ __device__ void compact(const float* slice, int count, int part, const RowStats&
     int slot_equal = block_scan(equal, s_warp, total) - equal;
     const int above_total = want - th.remaining;
     for (int p = begin; p < end && (slot_above < above_total || slot_equal < th.remaining); ++p) {
-        const uint32_t key = order_key(log_prob(slice[p], st));
+        const uint32_t key = keys[p];
         if (key > th.key) {
             s_cand[slot_above++] = entry_of(key, slice_token(p, part));
         } else if (key == th.key && slot_equal < th.remaining) {
@@ -274,14 +276,17 @@ __device__ unsigned long long sort_descending(unsigned long long* s_cand, int so
 __global__ void __cluster_dims__(kRowCtas, 1, 1) __launch_bounds__(kThreads, 2)
     topk_kernel(float* log_probs, int32_t* ids, const float* logits, int64_t ld, int vocab, int k, int sorted_len) {
     extern __shared__ float4 s_dynamic[];
-    float* s_slice = reinterpret_cast<float*>(s_dynamic);
-    unsigned long long* s_lists = reinterpret_cast<unsigned long long*>(s_dynamic);  // after the selection
+    // The slice's logits as raw words, then in place their keys; after the selection, every CTA's sorted lists.
+    uint32_t* s_slice = reinterpret_cast<uint32_t*>(s_dynamic);
+    unsigned long long* s_lists = reinterpret_cast<unsigned long long*>(s_dynamic);
     __shared__ uint32_t s_hist[kBins];
     __shared__ unsigned long long s_cand[kThreads];
     __shared__ float s_m[kWarps], s_s[kWarps];  // every warp's partial of the row, in warp order
     __shared__ int s_warp[kWarps];
     __shared__ RowStats s_stats;
     __shared__ Threshold s_threshold;
+    __shared__ uint32_t s_partial_keys[kCtaPartials];  // the key of each partial's largest logit
+    __shared__ uint32_t s_floor;
     // CTAs write their warps' partials into each other's shared memory, which needs every CTA of the cluster to
     // have started: arrive now, wait just before the writes, so staging the slice hides the wait.
     __cluster_barrier_arrive_relaxed();
@@ -292,9 +297,11 @@ __global__ void __cluster_dims__(kRowCtas, 1, 1) __launch_bounds__(kThreads, 2)
     const float* x = logits + static_cast<int64_t>(row) * ld;
     const int count = slice_count(vocab, part);
 
-    float m = -INFINITY, s = 0.f;
+    const int partial = part * kCtaPartials + static_cast<int>(threadIdx.x);
+    float m = -INFINITY, s = 0.f, partial_max = -INFINITY;
     if (threadIdx.x < kCtaPartials) {
-        run_partial(s_slice, x, threadIdx.x, part * kCtaPartials + threadIdx.x, vocab, m, s);
+        run_partial(s_slice, x, threadIdx.x, partial, vocab, m, s);
+        partial_max = m;
         warp_merge_stats(m, s);
     }
     cluster.barrier_wait();
@@ -316,8 +323,30 @@ __global__ void __cluster_dims__(kRowCtas, 1, 1) __launch_bounds__(kThreads, 2)
 
     const int want = min(k, count);
     if (want > 0) {
-        const Threshold th = radix_select(s_slice, count, st, want, s_hist, s_warp, &s_threshold);
-        compact(s_slice, count, part, st, want, th, s_cand, s_warp);
+        for (int p = threadIdx.x; p < count; p += kThreads) {
+            s_slice[p] = order_key(log_prob(__uint_as_float(s_slice[p]), st));
+        }
+        // A floor under the want-th largest key: the want-th largest of the partials' maxima, as each partial with
+        // tokens holds its maximum (a partial without tokens takes key 0, below every real one: when want <= 128,
+        // the partials with tokens number at least want).
+        uint32_t floor_key = 0;
+        if (want <= kCtaPartials) {
+            if (threadIdx.x == 0) s_floor = 0xffffffffu;
+            if (threadIdx.x < kCtaPartials) {
+                s_partial_keys[threadIdx.x] = partial < vocab ? order_key(log_prob(partial_max, st)) : 0;
+            }
+            __syncthreads();
+            if (threadIdx.x < kCtaPartials) {
+                const uint32_t mine = s_partial_keys[threadIdx.x];
+                int greater = 0;
+                for (int u = 0; u < kCtaPartials; ++u) greater += s_partial_keys[u] > mine;
+                if (greater < want) atomicMin(&s_floor, mine);
+            }
+        }
+        __syncthreads();  // the keys are in place, the floor known
+        if (want <= kCtaPartials) floor_key = s_floor;
+        const Threshold th = radix_select(s_slice, count, floor_key, want, s_hist, s_warp, &s_threshold);
+        compact(s_slice, count, part, want, th, s_cand, s_warp);
     }
     for (int j = want + threadIdx.x; j < kThreads; j += kThreads) s_cand[j] = 0;
     __syncthreads();
