@@ -98,6 +98,19 @@ def test_ties_across_slices_go_to_the_lower_id() -> None:
         assert got_ids[0, :min(k, 5)].tolist() == tied[:min(k, 5)]
 
 
+@pytest.mark.parametrize("k", [8, 128, 129, 160, 256])
+def test_top_inside_one_partial(k: int) -> None:
+    """The row's 160 largest logits all in tokens 5, 1029, 2053, ...: one CTA's slice, one of its strided partials,
+    so that partial's maximum stands for all of them and the other partials' maxima are far below; k on both sides
+    of 128, where the selection stops using the partials' maxima."""
+    rng = np.random.default_rng(k)
+    logits = rng.standard_normal((2, 163840)).astype(np.float32)
+    logits[0, 5::1024] = 10 + 0.25 * np.arange(160, dtype=np.float32)[::-1]
+    _check_against_reference(logits, k)
+    got_ids = _topk(torch.from_numpy(logits).cuda(), k)[1]
+    assert got_ids[0, :min(k, 160)].tolist() == list(range(5, 5 + 1024 * min(k, 160), 1024))
+
+
 def test_every_slice_ranks_by_the_same_statistics() -> None:
     """log_prob = (x - max) - log_sum with one (max, log_sum) per row, whichever slice a token is in: the top entry
     is the row's maximum, so its log-prob is -log_sum, and every other entry follows from its logit exactly."""
