@@ -51,9 +51,11 @@ def _check_against_reference(logits: np.ndarray, k: int) -> None:
     (5, 33, 17),        # a vocabulary smaller than one pass of the block
     (2, 4097, 1023),    # k just under the largest, odd vocabulary
     (4, 512, 7),        # tiny preset
+    (3, 1, 1),          # one token: seven of the eight slices empty
     (1, 127, 127), (2, 128, 1), (2, 129, 128),  # one slice short of, at and past one 128-token chunk
     (3, 333, 333), (2, 333, 129),               # three slices in use, k across the first two
-    (3, 1023, 129), (2, 1024, 1024), (2, 1025, 1024),  # around one full 1024-token stride
+    # around one 1024-token stride, k at and past a slice's 128 tokens there
+    (3, 1023, 129), (2, 1024, 128), (2, 1024, 1024), (2, 1025, 1024),
     (3, 8191, 512), (2, 20480, 1024),
     (15, 163840, 32), (7, 163840, 256), (240, 163840, 64),  # 1 and 16 streams of the 15-row drafter block
     (1, 163841, 8),     # one token past a whole number of strides: slice 0 alone holds it
