@@ -85,7 +85,7 @@ __device__ __forceinline__ unsigned long long entry_of(uint32_t key, int id) {
 }
 
 __device__ __forceinline__ void cp_async4(uint32_t* smem, const float* gmem) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(smem)), "l"(gmem));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
 }
 
 // Online (max, sum of exp) of two partials.
@@ -103,14 +103,20 @@ __device__ __forceinline__ void warp_merge_stats(float& m, float& s) {
     }
 }
 
-// Waits until at most `pending` of this thread's cp.async groups are in flight (0 <= pending < kStages).
+// Waits until at most `pending` of this thread's cp.async groups are in flight (0 <= pending < kStages). The
+// thread reads what landed with no barrier in between, so the wait is also a compiler memory barrier: no load of
+// the slice moves above it.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait_landed() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
 __device__ __forceinline__ void cp_async_wait_pending(int pending) {
     static_assert(kStages == 4, "one case per stage");
     switch (pending) {
-        case 0: cp_async_wait<0>(); break;
-        case 1: cp_async_wait<1>(); break;
-        case 2: cp_async_wait<2>(); break;
-        default: cp_async_wait<3>(); break;
+        case 0: cp_async_wait_landed<0>(); break;
+        case 1: cp_async_wait_landed<1>(); break;
+        case 2: cp_async_wait_landed<2>(); break;
+        default: cp_async_wait_landed<3>(); break;
     }
 }
 
