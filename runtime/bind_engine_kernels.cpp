@@ -156,6 +156,11 @@ void mla_attention(CudaArray out, CudaArray q, CudaArray cache, CudaArray kv_sta
 void topk_log_softmax(CudaArray log_probs, CudaArray ids, CudaArray logits) {
     same_device({&log_probs, &ids, &logits});
     const int rows = dim(logits, "logits", 0), vocab = dim(logits, "logits", 1), top = dim(log_probs, "log_probs", 1);
+    if (vocab > k::kTopkVocabMax) {
+        throw nb::value_error(("argument 'logits' must be [rows, vocab] with vocab <= " +
+                               std::to_string(k::kTopkVocabMax))
+                                  .c_str());
+    }
     if (top < 1 || top > std::min(vocab, k::kTopkMax)) {
         throw nb::value_error(("argument 'log_probs' must be [rows, k] with 1 <= k <= min(vocab, " +
                                std::to_string(k::kTopkMax) + ")")

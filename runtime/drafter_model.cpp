@@ -39,6 +39,7 @@ void check_dims(const DrafterDims& d) {
     }
     if (d.inter <= 0 || d.inter % 8) fail("intermediate_size must be a positive multiple of 8");
     if (d.layers <= 0 || d.taps <= 0 || d.vocab <= 0) fail("layers, taps and vocab must be positive");
+    if (d.vocab > k::kTopkVocabMax) fail("vocab_size must be at most " + std::to_string(k::kTopkVocabMax));
     if (d.block < 2) fail("block_size must be at least 2");
     if (d.mask_token < 0 || d.mask_token >= d.vocab) fail("mask_token_id must be in [0, vocab_size)");
     if (!k::gqa_supported(gqa_dims(d)) || !k::head_norm_rope_supported(d.head_dim)) {
