@@ -7,20 +7,23 @@
 #include <string>
 
 #include "cuda_check.h"
+#include "nvtx_range.h"
 #include "sample.cuh"
 
 namespace ddtree {
 
 namespace k = ddtree::kernels;
 
-namespace {
-
-// Token ids for timing n streams: distinct and spread over the vocabulary. One id for every stream would make
-// the streams' hidden states, and so their expert choices, alike, and understate the routed experts' cost.
 std::vector<int32_t> probe_ids(int n, int vocab) {
     std::vector<int32_t> ids(n);
     for (int i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((1 + 7919LL * i) % vocab);
     return ids;
+}
+
+namespace {
+
+std::string graph_name(int streams, int span) {
+    return "ar streams=" + std::to_string(streams) + " span=" + std::to_string(span);
 }
 
 }  // namespace
@@ -168,8 +171,13 @@ Generation ArDecoder::generate(const std::vector<std::vector<int32_t>>& prompts,
         set_decode_state(lengths, nullptr, 1);
         // The last step's row of stream i sits at position lengths[i] + max_new_tokens - 2.
         const int longest = *std::max_element(lengths.begin(), lengths.end()) + max_new_tokens - 1;
-        const cudaGraphExec_t graph = decode_graph(n, cache_.attention_span(longest));
-        for (int i = 1; i < max_new_tokens; ++i) CUDA_CHECK(cudaGraphLaunch(graph, s));
+        const int span = cache_.attention_span(longest);
+        const cudaGraphExec_t graph = decode_graph(n, span);
+        const std::string name = graph_name(n, span);
+        for (int i = 1; i < max_new_tokens; ++i) {
+            NvtxRange step(name);
+            CUDA_CHECK(cudaGraphLaunch(graph, s));
+        }
     }
     // The device only writes the history: only the columns this call filled come back.
     const size_t pitch = static_cast<size_t>(cache_.max_context()) * sizeof(int32_t);
@@ -250,6 +258,37 @@ StepProfile ArDecoder::profile_step(int n, const std::vector<int32_t>& positions
     StepProfile out;
     for (auto& [name, sec] : seconds) out.emplace_back(name, sec / iters);
     return out;
+}
+
+std::vector<CapturedGraph> ArDecoder::graphs() const {
+    std::vector<CapturedGraph> out;
+    graphs_.visit([&](const std::pair<int, int>& key, cudaGraphExec_t, cudaGraph_t graph) {
+        out.push_back({graph_name(key.first, key.second), graph_node_count(graph)});
+    });
+    return out;
+}
+
+bool ArDecoder::replay(const std::string& name, int n, bool warmup, std::vector<double>* seconds) {
+    cudaGraphExec_t exec = nullptr;
+    std::pair<int, int> key;
+    graphs_.visit([&](const std::pair<int, int>& k, cudaGraphExec_t e, cudaGraph_t) {
+        if (graph_name(k.first, k.second) == name) {
+            exec = e;
+            key = k;
+        }
+    });
+    if (exec == nullptr) return false;
+    const auto [streams, span] = key;
+    // A row at position p reads p + 1 keys, at most the span (and the cache holds max_context positions).
+    const int position = std::min(span, cache_.max_context()) - 1;
+    const std::vector<int32_t> ids = probe_ids(streams, model_.dims().vocab);
+    set_decode_state(std::vector<int32_t>(streams, position), &ids, 0);
+    const RowBatch& rows = state_.rows;
+    const SavedState saved({{rows.ids, RowBatch::kRowTables * static_cast<size_t>(rows.capacity) * sizeof(int32_t)},
+                            {state_.step, sizeof(int32_t)}},
+                           model_.stream());
+    *seconds = time_replays(exec, model_.stream(), n, warmup, saved);
+    return true;
 }
 
 }  // namespace ddtree

@@ -6,17 +6,23 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "device_arena.h"
 #include "graph_cache.h"
+#include "graph_replay.h"
 #include "latent_cache.h"
 #include "op_timeline.h"
 #include "row_batch.h"
 #include "target_model.h"
 
 namespace ddtree {
+
+// Token ids for timing n streams: distinct and spread over the vocabulary. One id for every stream would make
+// the streams' hidden states, and so their expert choices, alike, and understate the routed experts' cost.
+std::vector<int32_t> probe_ids(int n, int vocab);
 
 // The one rule for how long a generation may be: every prompt + max_new_tokens within max_context, and at least
 // one new token (std::invalid_argument naming max_new_tokens otherwise).
@@ -73,6 +79,14 @@ class ArDecoder {
     // Device time per operation of one eager decode step of n streams at `positions`.
     StepProfile profile_step(int n, const std::vector<int32_t>& positions, int iters, float temperature,
                              uint64_t seed);
+
+    // The captured decode graphs, named "ar streams=N span=S".
+    std::vector<CapturedGraph> graphs() const;
+    // Device seconds of each of n replays of the decode graph called `name` (see time_replays); false when no
+    // captured graph has that name. Every replay starts from one state: each stream's row at the last position the
+    // graph's attention span holds (a distinct probe token each), at the last generation's sampling settings. The
+    // decode rows and the step column are left at that state; the next generate or prefill sets them anew.
+    bool replay(const std::string& name, int n, bool warmup, std::vector<double>* seconds);
 
   private:
     // Prefills the prompts (checked) and writes each stream's first token into history column 0 on the device.

@@ -260,7 +260,21 @@ void bind_engine(nb::module_& m) {
              "then follow tiny numeric differences.")
         .def("profile_step", &Engine::profile_step, nb::arg("streams"), nb::arg("positions"), nb::arg("iters"),
              nb::arg("temperature") = 1.0f, nb::arg("seed") = 1, nb::call_guard<nb::gil_scoped_release>(),
-             "Device seconds per operation of one eager decode step, the sampler at `temperature`.");
+             "Device seconds per operation of one eager decode step, the sampler at `temperature`.")
+        .def(
+            "graphs",
+            [](const Engine& e) {
+                std::vector<std::pair<std::string, size_t>> out;
+                for (const CapturedGraph& g : e.graphs()) out.emplace_back(g.name, g.nodes);
+                return out;
+            },
+            "The captured CUDA graphs as (name, node count): decode steps 'ar streams=N span=S', then DDTree rounds "
+            "'round streams=N budget=B depth=D width=W span=S draft_span=T' (+ ' oracle').")
+        .def("replay", &Engine::replay, nb::arg("name"), nb::arg("n"), nb::arg("warmup") = true,
+             nb::call_guard<nb::gil_scoped_release>(),
+             "Device seconds of each of n replays of the captured graph `name` on the engine's stream (CUDA events "
+             "around each; the state every replay starts from is put back before it, untimed), after one untimed "
+             "warm-up replay when `warmup`. The timed replays sit in the NVTX range 'replay'.");
 
     m.attr("MAX_BUDGET") = kernels::kTreeMaxBudget;
     m.attr("MAX_STOP_IDS") = kernels::kRoundMaxStopIds;

@@ -10,6 +10,7 @@
 #include "compact_slots.cuh"
 #include "cuda_check.h"
 #include "draft_rows.cuh"
+#include "nvtx_range.h"
 #include "op_timeline.h"
 #include "tree_accept.cuh"
 #include "tree_build.cuh"
@@ -395,6 +396,7 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
     }
     cudaGraphExec_t graph = nullptr;  // the graph of slots.size() streams, looked up when that changes
     int graph_streams = 0;
+    std::string graph_label = "round (eager)";  // its NVTX range
     try {
         while (!slots.empty() && rounds <= r.max_new_tokens + 1) {
             const int m = static_cast<int>(slots.size());
@@ -403,8 +405,10 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
             if (!r.profile && m != graph_streams) {
                 graph = graphs_.get(key, s, [&] { record_round(key, nullptr); });
                 graph_streams = m;
+                graph_label = graph_name(key);
             }
             const auto begin = std::chrono::steady_clock::now();
+            NvtxRange range(graph_label);
             if (r.profile) {
                 OpTimeline timeline(s);
                 hold_stream_for_timing(s);
@@ -453,6 +457,73 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
     out.host_seconds_per_round = replays > 0 ? host_seconds / replays : 0.0;
     for (auto& [name, sec] : stage_seconds) out.stages.emplace_back(name, sec);
     return out;
+}
+
+std::string DdtreeRound::graph_name(const RoundKey& key) {
+    return "round streams=" + std::to_string(key.streams) + " budget=" + std::to_string(key.budget) +
+           " depth=" + std::to_string(key.depth_limit) + " width=" + std::to_string(key.width) +
+           " span=" + std::to_string(key.span) + " draft_span=" + std::to_string(key.draft_span) +
+           (key.oracle ? " oracle" : "");
+}
+
+std::vector<CapturedGraph> DdtreeRound::graphs() const {
+    std::vector<CapturedGraph> out;
+    graphs_.visit([&](const RoundKey& key, cudaGraphExec_t, cudaGraph_t graph) {
+        out.push_back({graph_name(key), graph_node_count(graph)});
+    });
+    return out;
+}
+
+bool DdtreeRound::replay(const std::string& name, int n, bool warmup, std::vector<double>* seconds) {
+    cudaGraphExec_t exec = nullptr;
+    RoundKey key{};
+    graphs_.visit([&](const RoundKey& k, cudaGraphExec_t e, cudaGraph_t) {
+        if (graph_name(k) == name) {
+            exec = e;
+            key = k;
+        }
+    });
+    if (exec == nullptr) return false;
+    // The committed length every replay starts at: its nodes' keys (start + depth + 1) within the attention span,
+    // the drafter's context within its span (keys of the generation, when below the drafter cache's capacity) and
+    // every position within max_context.
+    int keys = std::min(key.span, cache_.max_context());
+    if (has_drafter() && key.draft_span < drafter_.model->cache().capacity()) keys = std::min(keys, key.draft_span);
+    const int start = keys - key.depth_limit - 1;
+    if (start < 1) throw std::logic_error("replay: graph '" + name + "' spans too few keys for a round");
+    const int m = key.streams;
+    const std::vector<int32_t> bonus = probe_ids(m, model_.dims().vocab);
+    std::vector<int32_t> host(6 * static_cast<size_t>(m));  // start, count, rounds, base, id, finished
+    for (int i = 0; i < m; ++i) {
+        host[i] = start;
+        host[m + i] = 1;
+        host[2 * m + i] = 0;
+        host[3 * m + i] = cache_.stream_base(i);
+        host[4 * m + i] = i;
+        host[5 * m + i] = 0;
+    }
+    std::vector<int32_t> limits(k::kRoundLimitsInts, 0);
+    limits[0] = state_.history_ld;  // no stream finishes: no token count reached, no stop ids
+    cudaStream_t s = model_.stream();
+    const size_t bytes = static_cast<size_t>(m) * sizeof(int32_t);
+    for (auto [array, at] : {std::pair{state_.start, 0}, {state_.count, 1}, {state_.rounds, 2},
+                             {state_.stream_base, 3}, {state_.stream_ids, 4}, {state_.finished, 5}}) {
+        CUDA_CHECK(cudaMemcpyAsync(array, host.data() + at * m, bytes, cudaMemcpyHostToDevice, s));
+    }
+    CUDA_CHECK(cudaMemcpyAsync(state_.bonus, bonus.data(), bytes, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(state_.limits, limits.data(), limits.size() * 4, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));  // the host vectors are this call's
+    const SavedState saved({{state_.start, bytes},
+                            {state_.bonus, bytes},
+                            {state_.count, bytes},
+                            {state_.rounds, bytes},
+                            {state_.stream_base, bytes},
+                            {state_.stream_ids, bytes},
+                            {state_.finished, bytes},
+                            {state_.limits, limits.size() * 4}},
+                           s);
+    *seconds = time_replays(exec, s, n, warmup, saved);
+    return true;
 }
 
 }  // namespace ddtree

@@ -23,6 +23,7 @@
 #include "device_arena.h"
 #include "drafter_model.h"
 #include "graph_cache.h"
+#include "graph_replay.h"
 #include "latent_cache.h"
 #include "oracle_draft.cuh"
 #include "row_batch.h"
@@ -110,6 +111,17 @@ class DdtreeRound {
     // tokens or has committed a stop id.
     TreeGeneration generate(const RoundRequest& request);
 
+    // The captured round graphs, named "round streams=N budget=B depth=D width=W span=S draft_span=T", with
+    // " oracle" after it when the oracle's candidates replace (or stand for) the drafter's.
+    std::vector<CapturedGraph> graphs() const;
+    // Device seconds of each of n replays of the round graph called `name` (see time_replays); false when no
+    // captured graph has that name. Every replay starts from one state: each of the graph's streams live, one token
+    // committed, at the longest context its attention spans hold (a distinct probe token as the root), with the
+    // cache contents, the oracle's continuation and the sampling settings the last generation left. A replay
+    // advances that state as a round does (cache rows past the context, the drafter's context, tokens and accept
+    // lengths); the next generate starts every stream anew from its prefill, so none of it carries over.
+    bool replay(const std::string& name, int n, bool warmup, std::vector<double>* seconds);
+
   private:
     struct RoundKey {
         int streams, budget, depth_limit, width, span, draft_span;
@@ -119,6 +131,7 @@ class DdtreeRound {
                    std::tie(o.streams, o.budget, o.depth_limit, o.width, o.span, o.draft_span, o.oracle);
         }
     };
+    static std::string graph_name(const RoundKey& key);
     void check(const RoundRequest& request, int depth_limit, int width) const;
     // The round's per-stream state for the request (prefill included) on the device.
     void start_streams(const RoundRequest& request);

@@ -373,4 +373,24 @@ StepProfile Engine::profile_step(int n, const std::vector<int32_t>& positions, i
     return decoder_.profile_step(n, positions, iters, temperature, seed);
 }
 
+std::vector<CapturedGraph> Engine::graphs() const {
+    std::vector<CapturedGraph> out = decoder_.graphs();
+    for (CapturedGraph& g : round_.graphs()) out.push_back(std::move(g));
+    return out;
+}
+
+std::vector<double> Engine::replay(const std::string& name, int n, bool warmup) {
+    if (n < 1 || n > kMaxReplays) {
+        throw std::invalid_argument("n: replays must be 1.." + std::to_string(kMaxReplays) + ", got " +
+                                    std::to_string(n));
+    }
+    CUDA_CHECK(cudaSetDevice(device_));
+    std::vector<double> seconds;
+    if (decoder_.replay(name, n, warmup, &seconds) || round_.replay(name, n, warmup, &seconds)) return seconds;
+    std::string captured;
+    for (const CapturedGraph& g : graphs()) captured += (captured.empty() ? "" : "; ") + g.name;
+    throw std::invalid_argument("name: no captured graph is called '" + name + "' (captured: " +
+                                (captured.empty() ? "none yet: generate first" : captured) + ")");
+}
+
 }  // namespace ddtree

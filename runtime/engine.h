@@ -15,6 +15,7 @@
 #include "device_arena.h"
 #include "drafter_model.h"
 #include "engine_weights.h"
+#include "graph_replay.h"
 #include "latent_cache.h"
 #include "model_dims.h"
 #include "op_timeline.h"
@@ -98,6 +99,12 @@ class Engine {
                                           uint64_t seed);
     StepProfile profile_step(int n, const std::vector<int32_t>& positions, int iters, float temperature,
                              uint64_t seed);
+
+    // Profiling: the captured CUDA graphs (decode steps, then DDTree rounds), and the device seconds of each of n
+    // replays of the one called `name` (std::invalid_argument naming `name` or `n` otherwise), after a warm-up
+    // replay when `warmup`. See ArDecoder::replay and DdtreeRound::replay for the state each replay starts from.
+    std::vector<CapturedGraph> graphs() const;
+    std::vector<double> replay(const std::string& name, int n, bool warmup);
 
   private:
     // Checks the arguments, selects the device and compares the planned bytes with its free memory (throws with

@@ -33,6 +33,11 @@ class GraphCache {
         for (auto& [key, c] : graphs_) destroy_graph(c.exec, c.graph);
         graphs_.clear();
     }
+    // Calls visit(key, exec, graph) for every captured graph, in key order; a look-up, not a use.
+    template <typename Visit>
+    void visit(Visit&& visit) const {
+        for (const auto& [key, c] : graphs_) visit(key, c.exec, c.graph);
+    }
 
   private:
     struct Captured {

@@ -1,5 +1,6 @@
-// The profiling hook of a forward: device time per named operation, from events recorded around each launch. The
-// model calls op() for every launch; without a timeline it launches directly (captured graphs, timed replays).
+// The profiling hook of a forward: device time per named operation, from events recorded around each launch, each
+// also an NVTX range (Nsight Systems). The model calls op() for every launch; without a timeline it launches
+// directly (captured graphs, timed replays).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "nvtx_range.h"
 
 namespace ddtree {
 
@@ -29,6 +31,7 @@ class OpTimeline {
         CUDA_CHECK(cudaEventCreate(&start));
         CUDA_CHECK(cudaEventCreate(&stop));
         events_.emplace_back(name, start, stop);
+        NvtxRange range(name);
         CUDA_CHECK(cudaEventRecord(start, stream_));
         launch();
         CUDA_CHECK(cudaEventRecord(stop, stream_));

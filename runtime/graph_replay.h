@@ -1,0 +1,47 @@
+// Replaying one captured graph on its own, for profiling: what a listing says of it, and timed replays that each
+// start from the same saved device state.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ddtree {
+
+// One captured graph: a stable name that says what it runs and for which key (e.g. "ar streams=4 span=1024"), and
+// its node count.
+struct CapturedGraph {
+    std::string name;
+    size_t nodes = 0;
+};
+
+size_t graph_node_count(cudaGraph_t graph);
+
+// Device arrays a graph reads and advances, copied aside at construction; restore() copies them back on the stream
+// (device to device), so that replay after replay starts from one state.
+class SavedState {
+  public:
+    SavedState(std::vector<std::pair<void*, size_t>> arrays, cudaStream_t stream);  // (pointer, bytes)
+    ~SavedState();
+    SavedState(const SavedState&) = delete;
+    SavedState& operator=(const SavedState&) = delete;
+    void restore() const;
+
+  private:
+    std::vector<std::pair<void*, size_t>> arrays_;
+    cudaStream_t stream_;
+    char* saved_ = nullptr;
+};
+
+// The most replays one call times.
+constexpr int kMaxReplays = 10000;
+
+// Device seconds of each of `n` replays of `exec` on `stream`, each timed by its own pair of CUDA events and
+// preceded (untimed) by state.restore(); first one untimed warm-up replay when `warmup`. The timed replays run
+// inside the NVTX range "replay" (Nsight Compute: --nvtx --nvtx-include "replay/").
+std::vector<double> time_replays(cudaGraphExec_t exec, cudaStream_t stream, int n, bool warmup,
+                                 const SavedState& state);
+
+}  // namespace ddtree
