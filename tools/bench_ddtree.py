@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ddtree import Engine
+from ddtree.bench.oracle import decode_ar, decode_ddtree, hit_for, random_prompts
 from ddtree.device import device_info
 from ddtree.drafter import DrafterConfig, drafter_config_for
 from ddtree.presets import preset_config
@@ -51,18 +52,6 @@ def drafter(cfg, layers: int, heads: int, inter: int, block: int, taps: tuple[in
                                head_dim=128, intermediate_size=inter, block_size=block, target_layer_ids=taps)
 
 
-def hit_for(mean: float, depth: int) -> float:
-    """The per-depth rank-0 probability h with 1 + h + h^2 + ... + h^depth = mean (the chain's expected accept
-    length; the oracle's side branches add a little)."""
-    if mean <= 1:
-        return 0.0
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        h = (lo + hi) / 2
-        lo, hi = (h, hi) if sum(h ** d for d in range(depth + 1)) < mean else (lo, h)
-    return lo
-
-
 def round_floor_bytes(cfg, dcfg: DrafterConfig, streams: int, budget: int, context: int) -> dict[str, float]:
     """Bytes a round must read at least: every target weight once (the routed experts that `streams x (budget + 1)`
     rows activate, expected under uniform top-k routing), the drafter's weights and the LM head once more for its
@@ -82,8 +71,7 @@ def round_floor_bytes(cfg, dcfg: DrafterConfig, streams: int, budget: int, conte
 
 
 def prompts_for(cfg, streams: int, seed: int) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, cfg.vocab_size, PROMPT).tolist() for _ in range(streams)]
+    return random_prompts(cfg.vocab_size, streams, PROMPT, seed)
 
 
 def measure_rounds(engine: Engine, cfg, dcfg: DrafterConfig, bw: float, label: str) -> list[dict]:
@@ -116,30 +104,26 @@ def measure_rounds(engine: Engine, cfg, dcfg: DrafterConfig, bw: float, label: s
 
 def measure_throughput(engine: Engine, cfg, depth: int) -> list[dict]:
     """Tokens/s per stream count: AR, and DDTree with oracle candidates at each acceptance profile and budget."""
-    native, out = engine.native, []
+    out = []
     for streams in STREAMS:
         prompts = prompts_for(cfg, streams, streams)
-        ar = engine.generate(prompts, NEW_TOKENS, method="ar", stop_token_ids=())
-        ar = engine.generate(prompts, NEW_TOKENS, method="ar", stop_token_ids=())
-        reference = [r.tokens for r in ar]
-        ar_tps = streams * (NEW_TOKENS - 1) / ar[0].decode_seconds
+        decode_ar(engine, prompts, NEW_TOKENS)
+        ar = decode_ar(engine, prompts, NEW_TOKENS)
         for mean in MEAN_ACCEPTED:
             hit = [hit_for(mean, depth)] * depth
             for budget in BUDGETS:
-                args = (prompts, NEW_TOKENS, 0.0, 0, budget)
-                oracle = {"reference": reference, "hit": hit, "oracle_seed": 1}
-                native.generate_ddtree(*args, **oracle)
-                run = native.generate_ddtree(*args, **oracle)
-                assert run["tokens"] == reference, "DDTree tokens differ from AR's"
-                accepts = [a for stream in run["accept_lengths"] for a in stream]
-                tps = streams * (NEW_TOKENS - 1) / run["decode_seconds"]
+                decode_ddtree(engine, prompts, NEW_TOKENS, budget, reference=ar.tokens, hit=hit)
+                run = decode_ddtree(engine, prompts, NEW_TOKENS, budget, reference=ar.tokens, hit=hit)
+                assert run.tokens == ar.tokens, "DDTree tokens differ from AR's"
                 out.append({"streams": streams, "budget": budget, "target_mean_accept": mean,
-                            "mean_accept": float(np.mean(accepts)), "ddtree_tokens_per_s": tps,
-                            "ar_tokens_per_s": ar_tps, "speedup": tps / ar_tps,
-                            "round_ms": run["decode_seconds"] / max(len(a) for a in run["accept_lengths"]) * 1e3})
+                            "mean_accept": run.mean_accept, "ddtree_tokens_per_s": run.tokens_per_second,
+                            "ar_tokens_per_s": ar.tokens_per_second,
+                            "speedup": run.tokens_per_second / ar.tokens_per_second,
+                            "round_ms": run.round_seconds * 1e3})
                 r = out[-1]
-                print(f"{streams} streams, budget {budget}, accept {r['mean_accept']:.2f}: {tps:.0f} tok/s vs AR "
-                      f"{ar_tps:.0f} ({r['speedup']:.2f}x)", flush=True)
+                print(f"{streams} streams, budget {budget}, accept {r['mean_accept']:.2f}: "
+                      f"{r['ddtree_tokens_per_s']:.0f} tok/s vs AR {r['ar_tokens_per_s']:.0f} ({r['speedup']:.2f}x)",
+                      flush=True)
     return out
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import ModuleType
+
+from ddtree.bench.report import pyplot  # noqa: F401  (the benchmarks' plots, and bench's, use one)
 
 
 def start_report(out: Path, stem: str, title: str, report: dict) -> list[str]:
@@ -15,15 +16,3 @@ def start_report(out: Path, stem: str, title: str, report: dict) -> list[str]:
     (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
     return [f"# {title} ({report['model']})", "", f"Device: {report['device']}  ",
             f"Copy bandwidth (measured in this run): {report['copy_bandwidth_gbs']:.0f} GB/s", ""]
-
-
-def pyplot() -> ModuleType | None:
-    """matplotlib.pyplot drawing to files, or None where matplotlib is not installed (the plot is then skipped)."""
-    try:
-        import matplotlib
-    except ImportError:
-        return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt

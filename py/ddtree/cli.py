@@ -1,12 +1,15 @@
-"""ddtree-run: make models, generate tokens, estimate tokens/s on other GPUs, describe the machine.
+"""ddtree-run: make models, generate tokens, benchmark and profile the GPU engine, estimate tokens/s on other GPUs,
+describe the machine.
 
-Every failure prints one line on stderr and exits non-zero: bad input (status 2) names what is at fault, anything
-unexpected (status 1) names the exception, whose traceback --traceback shows. Warnings are one line each.
+Every failure prints one line on stderr and exits non-zero: bad input (status 2) names what is at fault, a command
+that needs a CUDA device on a machine without one says so (status 3), anything unexpected (status 1) names the
+exception, whose traceback --traceback shows. Warnings are one line each.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import re
 import sys
@@ -20,7 +23,7 @@ from rich.console import Console
 
 from ddtree import __version__
 from ddtree.config import ModelConfig
-from ddtree.errors import DDTreeError, NonFiniteError, RequestError
+from ddtree.errors import DDTreeError, DeviceError, NonFiniteError, RequestError
 from ddtree.estimate.gpus import GPUS as GPU_PRESETS
 from ddtree.generation_view import OnTokens, Run, progress_display, show_results
 from ddtree.limits import MAX_TREE_BUDGET
@@ -173,6 +176,65 @@ def _parser() -> argparse.ArgumentParser:
     est.add_argument("--mean-accept", type=_finite, nargs="+", default=[2.0, 4.0, 6.0], metavar="A",
                      help="tokens committed per round per stream (accepted nodes + the bonus token)")
     est.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+
+    engine_model = _OneLineParser(add_help=False)
+    engine_model.add_argument("--model", type=Path, default=None,
+                              help=f"checkpoint directory with its drafter in MODEL/{DRAFTER_SUBDIR} (default: the "
+                                   "built-in demo pair)")
+    engine_model.add_argument("--drafter", type=Path, default=None,
+                              help=f"drafter checkpoint directory (default: MODEL/{DRAFTER_SUBDIR})")
+    engine_model.add_argument("--preset", choices=PRESETS, default=None,
+                              help="random weights of a preset's dims (and a random drafter of them) instead of a "
+                                   "checkpoint; nothing is written to disk")
+    engine_model.add_argument("--layers", type=_positive, default=None, help="layer count (--preset k2-layers)")
+
+    bench = sub.add_parser("bench", parents=[common, engine_model],
+                           help="GPU: tokens/s of AR and DDTree over budgets x streams x context",
+                           description="Measure greedy tokens/s of autoregressive decoding and of DDTree rounds on the "
+                                       "GPU engine over budgets x streams x context, with the drafter's candidates "
+                                       "or, with --accept, an oracle's at set acceptance profiles; a live table, "
+                                       "and bench.json, bench.md and bench.png in --out.",
+                           epilog="examples:\n"
+                                  "  ddtree-run bench --out bench-demo\n"
+                                  "  ddtree-run bench --preset k2-layers --layers 4 --streams 1 16 --budget 8 32 "
+                                  "--accept 2 4 6 --out bench-k2")
+    bench.add_argument("--streams", type=_positive, nargs="+", default=[1, 4], metavar="N", help="stream counts")
+    bench.add_argument("--budget", type=_positive, nargs="+", default=[8, 16, 32], metavar="B",
+                       help="DDTree node budgets")
+    bench.add_argument("--context", type=_positive, nargs="+", default=[128, 512], metavar="L",
+                       help="prompt tokens per stream")
+    bench.add_argument("-n", "--max-new-tokens", type=_positive, default=64, help="tokens decoded per stream")
+    bench.add_argument("--accept", type=_finite, nargs="+", default=None, metavar="A",
+                       help="oracle candidates at these mean tokens per round (accepted nodes + the bonus token) "
+                            "instead of the drafter's")
+    bench.add_argument("--out", type=Path, default=None, help="directory for bench.json, bench.md and bench.png")
+    bench.add_argument("--json", action="store_true", help="print one JSON document instead of the live table")
+
+    prof = sub.add_parser("profile", parents=[common, engine_model],
+                          help="GPU: list the captured CUDA graphs, replay them, split rounds by stage",
+                          description="Run a short generation on the GPU engine to capture its CUDA graphs, list "
+                                      "them and replay each (or --graph) on its own with its device time per "
+                                      "replay; --stages adds the eager DDTree rounds' device time per stage; "
+                                      "--single replays one graph once and nothing else, for Nsight Compute.",
+                          epilog="examples:\n"
+                                 "  ddtree-run profile --stages\n"
+                                 "  ddtree-run profile --graph 'ar streams=1 span=128' --replays 100\n"
+                                 "  ncu --graph-profiling node --nvtx --nvtx-include 'replay/' ddtree-run profile "
+                                 "--single --graph NAME")
+    prof.add_argument("--streams", type=_positive, default=1, help="streams decoded together")
+    prof.add_argument("--budget", type=_positive, default=None,
+                      help=f"DDTree node budget, at most {MAX_TREE_BUDGET} (default block_size - 1)")
+    prof.add_argument("--context", type=_positive, default=64, help="prompt tokens per stream")
+    prof.add_argument("-n", "--max-new-tokens", type=_positive, default=32, help="tokens decoded per stream")
+    prof.add_argument("--method", choices=("ar", "ddtree", "both"), default=None,
+                      help="which graphs to capture (default: both with a drafter, else ar)")
+    prof.add_argument("--graph", metavar="NAME", default=None, help="replay only this captured graph")
+    prof.add_argument("--replays", type=_positive, default=None, help="replays per graph (default 20)")
+    prof.add_argument("--stages", action="store_true",
+                      help="also run the DDTree rounds eagerly and print each stage's device time per round")
+    prof.add_argument("--single", action="store_true",
+                      help="replay --graph once, with no warm-up and nothing else on the device (for ncu)")
+    prof.add_argument("--json", action="store_true", help="print one JSON document instead of the tables")
 
     sub.add_parser("info", parents=[common], help="describe the CUDA devices, the native build and the backend",
                    description="Describe the CUDA devices, the native module, the backend generate uses by default "
@@ -350,6 +412,72 @@ def _estimate(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _model_source(args: argparse.Namespace):
+    from ddtree.bench.models import model_source
+
+    return model_source(args.model, args.preset, args.layers, args.drafter, DEFAULT_MODEL_DIR, DRAFTER_SUBDIR)
+
+
+def _require_device(command: str) -> str:
+    """The device bench and profile run on, described; DeviceError saying what is missing otherwise."""
+    from ddtree.device import device_info, native_unavailable
+
+    missing = native_unavailable()
+    if missing is not None:
+        raise DeviceError(f"{command} runs the GPU engine: {missing}")
+    info = device_info()
+    if not info.devices:
+        raise DeviceError(f"{command} runs the GPU engine and needs a CUDA device: {info}")
+    return str(info)
+
+
+def _bench(args: argparse.Namespace, console: Console) -> int:
+    import json
+
+    from ddtree.bench.report import write_report
+    from ddtree.bench.sweep import bench_engine, check_bench, run_sweep
+    from ddtree.bench.view import live_rows
+
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        raise RequestError(f"--out {args.out}: exists and is not a directory")
+    source = _model_source(args)
+    req = check_bench(source, args.streams, args.budget, args.context, args.accept, args.max_new_tokens)
+    device = _require_device("bench")
+    with console.status(f"loading {source.label}") if not args.json else contextlib.nullcontext():
+        engine = bench_engine(source, req)
+    title = f"{source.label} on {device}"
+    with live_rows(console, title, req, quiet=args.json) as on_row:
+        rows = run_sweep(engine, source, req, on_row)
+    meta = {"model": source.label, "device": device}
+    if args.json:
+        console.out(json.dumps({**meta, "rows": [r.as_dict() for r in rows]}, indent=2), highlight=False)
+    if args.out is not None:
+        written = write_report(args.out, meta, req, rows)
+        if not any(p.suffix == ".png" for p in written):
+            warnings.warn("matplotlib is not installed (pip install 'ddtree[bench]'): bench.png was not written")
+        if not args.json:
+            console.print(f"wrote {', '.join(str(p) for p in written)}", highlight=False)
+    if not all(r.exact for r in rows):
+        raise RuntimeError("DDTree tokens differ from AR's in a row marked NO: greedy DDTree must equal greedy AR")
+    return 0
+
+
+def _profile(args: argparse.Namespace, console: Console) -> int:
+    from ddtree.bench.profile import check_profile, profile_engine, run_profile
+    from ddtree.bench.profile_view import show_profile
+
+    source = _model_source(args)
+    req = check_profile(source, args.streams, args.budget, args.context, args.max_new_tokens, args.method,
+                        args.graph, args.replays, args.stages, args.single)
+    device = _require_device("profile")
+    engine = profile_engine(source, req)
+    result = run_profile(engine, source, req)
+    header = (f"{source.label} on {device}: {req.streams} stream{'s' if req.streams > 1 else ''}, context "
+              f"{req.context}, {req.new_tokens} new tokens")
+    show_profile(header, req, result, console, as_json=args.json)
+    return 0
+
+
 def _info(args: argparse.Namespace, console: Console) -> int:
     from ddtree.device import device_info, native_unavailable
 
@@ -375,6 +503,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "make-model": _make_model,
     "generate": _generate,
     "estimate": _estimate,
+    "bench": _bench,
+    "profile": _profile,
     "info": _info,
 }
 
@@ -409,6 +539,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:
             _say("interrupted")
             return 130
+        except DeviceError as e:
+            _say(f"error: {e}")
+            return 3
         except (DDTreeError, OSError) as e:
             if args.traceback:
                 raise

@@ -8,7 +8,9 @@ boundary; what it refuses arrives here as a RequestError naming the argument.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,22 @@ from ddtree.results import GenerationResult, cut_at_stop, with_text
 from ddtree.tokenizer import encode_prompts
 
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+MAX_REPLAYS = 10000  # the most replays one Engine.replay call times
+
+
+@dataclass(frozen=True, slots=True)
+class CapturedGraph:
+    """A CUDA graph the engine has captured: its stable name, which says what it runs and for which key ("ar
+    streams=4 span=1024": a decode step; "round streams=16 budget=32 depth=15 width=32 span=1024 draft_span=1000",
+    with " oracle" when the oracle's candidates replace the drafter's: a DDTree round), and its node count."""
+
+    name: str
+    nodes: int
+
+    @property
+    def kind(self) -> str:
+        """"ar" or "round"."""
+        return self.name.split(" ", 1)[0]
 
 
 def engine_dims(cfg: ModelConfig) -> dict[str, Any]:
@@ -228,6 +246,30 @@ class Engine:
             raise RequestError(f"stop_token_ids: at most {MAX_STOP_IDS} ids, got {len(ids)}")
         return ids
 
+    def graphs(self) -> list[CapturedGraph]:
+        """The CUDA graphs captured so far (a generate call captures the ones it replays), decode steps first. The
+        engine keeps a bounded number per kind and drops the least recently used one to make room."""
+        return [CapturedGraph(name, nodes) for name, nodes in self._native.graphs()]
+
+    def replay(self, name: str, n: int = 20, warmup: bool = True) -> float:
+        """Device seconds per replay of the captured graph `name` (one of graphs()): the median of n replays on the
+        engine's stream, each timed by CUDA events, after one untimed warm-up replay (unless warmup=False).
+
+        Every replay starts from the same state, put back (untimed) before it: each of the graph's streams live at
+        the longest context the graph's attention span holds, with a distinct probe token; a decode step at the last
+        position, a round with one token committed (its tree, verify, accept and commit run as in a generation; the
+        cache contents, the oracle's continuation and the temperature are those the last generate left). Replaying
+        advances the device state of those streams as decoding does: cache rows past the context, the decode rows,
+        the round's tokens. A later generate starts every stream anew from its prefill, so its tokens are those it
+        would give without the replays. The timed replays run inside the NVTX range "replay" (Nsight Compute:
+        --nvtx --nvtx-include "replay/").
+        """
+        if not isinstance(name, str):
+            raise RequestError(f"name must be a graph name (a str, one of Engine.graphs()), got {name!r:.80}")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_REPLAYS:
+            raise RequestError(f"n must be an integer in 1..{MAX_REPLAYS}, got {n!r:.40}")
+        return statistics.median(_native_call(self._native.replay, name, n, bool(warmup)))
+
     def generate(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
                  seed: int = 0, method: str | None = None, stop_token_ids: Sequence[int] | None = None,
                  budget: int | None = None, profile: bool = False) -> list[GenerationResult]:
@@ -270,4 +312,4 @@ class Engine:
         return [with_text(r, tokenizer) for r in results]
 
 
-__all__ = ["Engine", "drafter_dims", "drafter_spec", "engine_dims", "validate_request"]
+__all__ = ["CapturedGraph", "Engine", "drafter_dims", "drafter_spec", "engine_dims", "validate_request"]

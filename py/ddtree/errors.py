@@ -24,6 +24,10 @@ class RequestError(DDTreeError, ValueError):
     """A generation request is invalid (prompt ids, lengths, stream counts)."""
 
 
+class DeviceError(DDTreeError, RuntimeError):
+    """A command that runs the GPU engine was started where there is no CUDA device (or no native module)."""
+
+
 class NonFiniteError(DDTreeError, ArithmeticError):
     """A forward pass produced NaN or infinite logits: the weights or config.json hold values that overflow."""
 
