@@ -88,8 +88,7 @@ def check_profile(source: ModelSource, streams: int, budget: int | None, context
 
 
 def profile_engine(source: ModelSource, req: ProfileRequest) -> Engine:
-    budget = req.budget if "ddtree" in req.methods else 0
-    return source.engine(req.streams, req.context + req.new_tokens, budget)
+    return source.engine(req.streams, req.context + req.new_tokens, req.budget)
 
 
 def _generate(engine: Engine, prompts: list[list[int]], req: ProfileRequest, method: str,
