@@ -67,6 +67,8 @@ def _plot(path: Path, meta: dict[str, object], req: BenchRequest, rows: Sequence
                 if ar:
                     ax.axhline(ar[0].tokens_per_s, color=color, linestyle="--", linewidth=1)
             ax.set_xscale("log", base=2)
+            ax.set_xticks(list(req.budgets), [str(b) for b in req.budgets])
+            ax.minorticks_off()
             ax.set_xlabel("budget (nodes per round)")
             ax.set_title(f"context {context}" + ("" if target is None else f", oracle accept {target:g}"),
                          fontsize=10)
