@@ -19,7 +19,8 @@ constexpr int kRowCtas = 8;
 
 // One cluster per row along the grid's x dimension (2^31 - 1 CTAs; y would hold only 65535 rows).
 __global__ void __cluster_dims__(kRowCtas, 1, 1) __launch_bounds__(kThreads)
-    sample_kernel(int32_t* tokens, const float* logits, int64_t ld, int vocab, const float* temperature,
+    sample_kernel(int32_t* tokens, int32_t* nonfinite_at, const float* logits, int64_t ld, int vocab,
+                  const float* temperature,
                   const unsigned long long* seed, const int32_t* stream_ids, const int32_t* positions) {
     __shared__ Best warp_bests[kThreads / 32];
     __shared__ Best cta_bests[kRowCtas];  // rank 0's copy gathers every CTA's best, in rank order
@@ -39,15 +40,20 @@ __global__ void __cluster_dims__(kRowCtas, 1, 1) __launch_bounds__(kThreads)
     const uint64_t key = mix64(*seed ^ mix64((static_cast<uint64_t>(stream_ids[row]) << 32) |
                                              static_cast<uint32_t>(positions[row])));
     Best best{-INFINITY, vocab};
+    bool finite = true;
     for (int i = part * per_part + threadIdx.x; i < end; i += kThreads) {
         float v = x[i];
+        finite = finite && isfinite(v);
         if (!greedy) {
             const uint64_t h = hash_at(key, i);
-            const float u = (static_cast<float>(h >> 40) + 0.5f) * (1.f / 16777216.f);  // (0, 1)
+            // (0, 1): 23 bits + 1/2 over 2^23 tops out at 1 - 2^-24, a float below 1 (24 bits would round the
+            // top value to 1.0, an infinite G that wins whatever the logits).
+            const float u = (static_cast<float>(h >> 41) + 0.5f) * (1.f / 8388608.f);
             v = v * inv_t - logf(-logf(u));
         }
         best = better(best, Best{v, i});
     }
+    if (!finite) atomicMin(&nonfinite_at[stream_ids[row]], positions[row]);
     best = warp_best(best);
     if (threadIdx.x % 32 == 0) warp_bests[threadIdx.x / 32] = best;
     __syncthreads();
@@ -88,17 +94,17 @@ __global__ void advance_kernel(int32_t* ids, int32_t* positions, int32_t* kv_len
 
 }  // namespace
 
-cudaError_t sample_tokens(int32_t* tokens, const float* logits, int64_t ld, int rows, int vocab,
-                          const float* temperature, const unsigned long long* seed, const int32_t* stream_ids,
-                          const int32_t* positions, cudaStream_t stream) {
+cudaError_t sample_tokens(int32_t* tokens, int32_t* nonfinite_at, const float* logits, int64_t ld, int rows,
+                          int vocab, const float* temperature, const unsigned long long* seed,
+                          const int32_t* stream_ids, const int32_t* positions, cudaStream_t stream) {
     if (rows < 0 || rows > std::numeric_limits<int>::max() / kRowCtas || vocab <= 0 || ld < vocab) {
         return cudaErrorInvalidValue;
     }
     if (rows == 0) {
         return cudaSuccess;
     }
-    return launch_dependent(sample_kernel, dim3(rows * kRowCtas), dim3(kThreads), 0, stream, tokens, logits, ld,
-                            vocab, temperature, seed, stream_ids, positions);
+    return launch_dependent(sample_kernel, dim3(rows * kRowCtas), dim3(kThreads), 0, stream, tokens, nonfinite_at,
+                            logits, ld, vocab, temperature, seed, stream_ids, positions);
 }
 
 cudaError_t advance_decode(int32_t* ids, int32_t* positions, int32_t* kv_len, int32_t* slots, const int32_t* kv_start,

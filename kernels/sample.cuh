@@ -11,11 +11,17 @@
 
 namespace ddtree::kernels {
 
+// What nonfinite_at[stream] holds while none of that stream's sampled rows had a NaN or infinite logit: the int32
+// that cudaMemset to 0x7f writes, above every position.
+constexpr int32_t kAllLogitsFinite = 0x7f7f7f7f;
+
 // temperature and seed live in device memory so a captured graph picks up new values on replay. Each row takes 8
-// CTAs of the grid's x dimension: rows <= INT_MAX / 8.
-cudaError_t sample_tokens(int32_t* tokens, const float* logits, int64_t ld, int rows, int vocab,
-                          const float* temperature, const unsigned long long* seed, const int32_t* stream_ids,
-                          const int32_t* positions, cudaStream_t stream);
+// CTAs of the grid's x dimension: rows <= INT_MAX / 8. A row whose logits hold a NaN or an infinity lowers
+// nonfinite_at[stream_ids[row]] to its position (atomicMin), so the host can name the first bad (stream,
+// position) after a whole generation; nonfinite_at has an entry for every stream id.
+cudaError_t sample_tokens(int32_t* tokens, int32_t* nonfinite_at, const float* logits, int64_t ld, int rows,
+                          int vocab, const float* temperature, const unsigned long long* seed,
+                          const int32_t* stream_ids, const int32_t* positions, cudaStream_t stream);
 
 // Per-stream decode state of `streams` rows: after a step that chose tokens[s] at positions[s],
 // history[s * history_ld + *step] = tokens[s]; ids[s] = tokens[s]; positions[s] += 1;

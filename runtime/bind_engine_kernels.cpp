@@ -182,11 +182,13 @@ void route_topk(CudaArray ids, CudaArray weights, CudaArray logits, CudaArray bi
                              normalize, kernel_launch_stream()));
 }
 
-void sample_tokens(CudaArray tokens, CudaArray logits, CudaArray temperature, CudaArray seed, CudaArray stream_ids,
-                   CudaArray positions) {
-    same_device({&tokens, &logits, &temperature, &seed, &stream_ids, &positions});
+void sample_tokens(CudaArray tokens, CudaArray nonfinite_at, CudaArray logits, CudaArray temperature, CudaArray seed,
+                   CudaArray stream_ids, CudaArray positions) {
+    same_device({&tokens, &nonfinite_at, &logits, &temperature, &seed, &stream_ids, &positions});
     const int rows = dim(logits, "logits", 0), vocab = dim(logits, "logits", 1);
     CUDA_CHECK(k::sample_tokens(checked<int32_t>(tokens, "tokens", DType::i32, {rows}),
+                                checked<int32_t>(nonfinite_at, "nonfinite_at", DType::i32,
+                                                 {dim(nonfinite_at, "nonfinite_at", 0)}),
                                 checked<const float>(logits, "logits", DType::f32, {rows, vocab}), vocab, rows, vocab,
                                 checked<const float>(temperature, "temperature", DType::f32, {1}),
                                 checked<const unsigned long long>(seed, "seed", DType::i64, {1}),
@@ -251,8 +253,10 @@ void bind_engine_kernels(nb::module_& kernels) {
                 "id) and their int32 token ids.");
     kernels.def("route_topk", &route_topk, nb::arg("ids"), nb::arg("weights"), nb::arg("logits"), nb::arg("bias"),
                 nb::arg("normalize"));
-    kernels.def("sample_tokens", &sample_tokens, nb::arg("tokens"), nb::arg("logits"), nb::arg("temperature"),
-                nb::arg("seed"), nb::arg("stream_ids"), nb::arg("positions"));
+    kernels.def("sample_tokens", &sample_tokens, nb::arg("tokens"), nb::arg("nonfinite_at"), nb::arg("logits"),
+                nb::arg("temperature"), nb::arg("seed"), nb::arg("stream_ids"), nb::arg("positions"),
+                "Arg-max or seeded Gumbel-max tokens of fp32 logits; a row with a NaN or infinite logit lowers "
+                "nonfinite_at[stream_ids[row]] (int32, an entry for every stream id) to its position.");
     kernels.def("experts_int4", &experts_int4, nb::arg("out"), nb::arg("act"), nb::arg("x"), nb::arg("ids"),
                 nb::arg("weights"), nb::arg("scaling"), nb::arg("gate_packed"), nb::arg("gate_scale"),
                 nb::arg("up_packed"), nb::arg("up_scale"), nb::arg("down_packed"), nb::arg("down_scale"));

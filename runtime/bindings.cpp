@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda_check.h"
+#include "target_model.h"
 
 namespace nb = nanobind;
 
@@ -15,6 +16,7 @@ cudaStream_t& ddtree::kernel_launch_stream() {
 NB_MODULE(_native, m) {
     m.doc() = "ddtree native runtime: CUDA kernels and the decode engine";
     nb::exception<ddtree::CudaError>(m, "CudaError", PyExc_RuntimeError);
+    nb::exception<ddtree::NonFiniteLogits>(m, "NonFiniteLogits", PyExc_ArithmeticError);
 
     m.def(
         "cuda_runtime_version",

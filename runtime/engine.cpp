@@ -131,7 +131,7 @@ size_t Engine::preflight(const ModelDims& dims, const RopeTable& rope, int strea
     const size_t weights = Weights::planned_bytes(dims, rows);
     const LatentCache cache(dims, streams, max_context, tree_slots(max_budget), plan);
     const size_t kv = plan.bytes();
-    TargetModel::Scratch::lay_out(dims, rows, cache.stream_rows(), plan);
+    TargetModel::Scratch::lay_out(dims, rows, cache.stream_rows(), streams, plan);
     RowBatch::lay_out(rows, max_budget + 1, plan);
     DecodeState::lay_out(streams, max_context, plan);
     const int block = drafter != nullptr ? drafter->dims.block : 0;
@@ -199,13 +199,19 @@ void Engine::check_weights() {
 std::vector<int32_t> Engine::prefill(const std::vector<std::vector<int32_t>>& prompts, float temperature,
                                      uint64_t seed) {
     check_weights();
-    return decoder_.prefill(prompts, temperature, seed);
+    model_.clear_nonfinite();
+    std::vector<int32_t> first = decoder_.prefill(prompts, temperature, seed);
+    model_.check_finite(static_cast<int>(prompts.size()));
+    return first;
 }
 
 Generation Engine::generate(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens, float temperature,
                             uint64_t seed) {
     check_weights();
-    return decoder_.generate(prompts, max_new_tokens, temperature, seed);
+    model_.clear_nonfinite();
+    Generation out = decoder_.generate(prompts, max_new_tokens, temperature, seed);
+    model_.check_finite(static_cast<int>(prompts.size()));
+    return out;
 }
 
 std::vector<float> Engine::forward_logits(const std::vector<int32_t>& ids, const std::vector<int32_t>& streams,
@@ -353,7 +359,10 @@ StepProfile Engine::profile_verify(const std::vector<VerifyTree>& trees, int ite
 
 TreeGeneration Engine::generate_ddtree(const RoundRequest& request) {
     check_weights();
-    return round_.generate(request);
+    model_.clear_nonfinite();
+    TreeGeneration out = round_.generate(request);
+    model_.check_finite(static_cast<int>(request.prompts.size()));
+    return out;
 }
 
 void Engine::randomize_cache(uint64_t seed) {

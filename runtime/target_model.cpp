@@ -81,7 +81,8 @@ std::pair<size_t, size_t> gemm_scratch(const std::vector<GemmShape>& gemms, int 
 
 }  // namespace
 
-TargetModel::Scratch TargetModel::Scratch::lay_out(const ModelDims& d, int max_rows, int max_len, DeviceArena& arena) {
+TargetModel::Scratch TargetModel::Scratch::lay_out(const ModelDims& d, int max_rows, int max_len, int streams,
+                                                  DeviceArena& arena) {
     const size_t r = max_rows;
     auto bf = [&](size_t n) { return arena.take<bf16>(n); };
     auto f32 = [&](size_t n) { return arena.take<float>(n); };
@@ -107,6 +108,7 @@ TargetModel::Scratch TargetModel::Scratch::lay_out(const ModelDims& d, int max_r
     s.topk_ids = i32(r * d.topk);
     s.routing = i32(static_cast<size_t>(d.moe_layers()) * r * d.topk);
     s.tokens = i32(r);
+    s.nonfinite_at = i32(streams);
     s.temperature = f32(1);
     s.seed = arena.take<unsigned long long>(1);
     const auto [ws, counters] = gemm_scratch(main_gemms(d), static_cast<int>(r));
@@ -130,7 +132,7 @@ TargetModel::TargetModel(const ModelDims& dims, const RopeTable& rope, const Lat
         CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
         CUDA_CHECK(cudaEventCreateWithFlags(&side_event_, cudaEventDisableTiming));
         weights_ = std::make_unique<Weights>(dims, device, max_rows, stream_);
-        s_ = Scratch::lay_out(dims, max_rows, cache.stream_rows(), arena);
+        s_ = Scratch::lay_out(dims, max_rows, cache.stream_rows(), cache.streams(), arena);
         CUDA_CHECK(cudaMemsetAsync(s_.gemm_counters, 0, std::max<size_t>(s_.gemm_counter_count, 4) * 4, stream_));
         CUDA_CHECK(cudaMemsetAsync(s_.shared_gemm_counters, 0, std::max<size_t>(s_.shared_gemm_counter_count, 4) * 4,
                                    stream_));
@@ -300,8 +302,27 @@ void TargetModel::forward(const RowBatch& rows, int n, int n_logits, int span, c
 }
 
 void TargetModel::sample(const RowBatch& rows, int n_logits) {
-    CUDA_CHECK(k::sample_tokens(s_.tokens, s_.logits, dims_.vocab, n_logits, dims_.vocab, s_.temperature, s_.seed,
-                                rows.logit_stream_ids, rows.logit_positions, stream_));
+    CUDA_CHECK(k::sample_tokens(s_.tokens, s_.nonfinite_at, s_.logits, dims_.vocab, n_logits, dims_.vocab,
+                                s_.temperature, s_.seed, rows.logit_stream_ids, rows.logit_positions, stream_));
+}
+
+void TargetModel::clear_nonfinite() {
+    static_assert(k::kAllLogitsFinite == 0x7f7f7f7f);
+    CUDA_CHECK(cudaMemsetAsync(s_.nonfinite_at, 0x7f, static_cast<size_t>(cache_.streams()) * 4, stream_));
+}
+
+void TargetModel::check_finite(int streams) const {
+    std::vector<int32_t> at(streams);
+    CUDA_CHECK(cudaMemcpyAsync(at.data(), s_.nonfinite_at, static_cast<size_t>(streams) * 4, cudaMemcpyDeviceToHost,
+                               stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (int i = 0; i < streams; ++i) {
+        if (at[i] != k::kAllLogitsFinite) {
+            throw NonFiniteLogits("stream " + std::to_string(i) + ": the target's logits at position " +
+                                  std::to_string(at[i]) +
+                                  " hold a NaN or an infinity: its weights or config.json give non-finite values");
+        }
+    }
 }
 
 void TargetModel::set_sampling(float temperature, uint64_t seed) {

@@ -31,16 +31,23 @@ struct ForwardOutputs {
     bool capture_routing = false;
 };
 
+// A generation sampled non-finite logits (from non-finite weights or config values); the message names the stream
+// and position.
+class NonFiniteLogits : public std::domain_error {
+  public:
+    using std::domain_error::domain_error;
+};
+
 class TargetModel {
   public:
     // Activations and scratch for forwards of up to max_rows rows whose rows see at most max_len keys, from `arena`.
     struct Scratch {
         kernels::bf16 *x, *xn, *qkv, *qn, *q, *q_abs, *o_lat, *v_out, *delta, *delta2, *act, *expert_act, *hsel;
         float *router_logits, *topk_weights, *logits, *gemm_ws, *shared_gemm_ws, *attn_ws, *temperature, *rope;
-        int32_t *topk_ids, *gemm_counters, *shared_gemm_counters, *routing, *tokens;
+        int32_t *topk_ids, *gemm_counters, *shared_gemm_counters, *routing, *tokens, *nonfinite_at;
         unsigned long long* seed;
         size_t gemm_counter_count, shared_gemm_counter_count;
-        static Scratch lay_out(const ModelDims& dims, int max_rows, int max_len, DeviceArena& arena);
+        static Scratch lay_out(const ModelDims& dims, int max_rows, int max_len, int streams, DeviceArena& arena);
     };
 
     TargetModel(const ModelDims& dims, const RopeTable& rope, const LatentCache& cache, int max_rows, int device,
@@ -68,6 +75,11 @@ class TargetModel {
     // Temperature (finite, >= 0; else std::invalid_argument) and seed that every later sample() reads, captured
     // graphs included.
     void set_sampling(float temperature, uint64_t seed);
+    // Forgets which streams sampled non-finite logits (enqueued on the stream); a generation starts with it.
+    void clear_nonfinite();
+    // After a generation of `streams` streams (synchronises the stream): throws NonFiniteLogits naming the lowest
+    // stream that sampled a NaN or infinite logit since clear_nonfinite(), and its first such position.
+    void check_finite(int streams) const;
 
   private:
     void tap(const ForwardOutputs& outputs, int layer, OpTimeline* timeline);

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddtree.reference.sampling import gumbel_noise, target_choices
+from ddtree.reference.sampling import gumbel_noise, target_choices, uniform_from_hash
 from ddtree.reference.tree import (
     Tree,
     accept_tree,
@@ -267,8 +267,16 @@ def test_gumbel_noise_matches_the_device_hash():
     key = mix(1 ^ mix((2 << 32) | 3))
     want = []
     for i in range(5):
-        u = np.float32(((mix((key + i * 0x9E3779B97F4A7C15) & (2**64 - 1)) >> 40) + 0.5) / 16777216.0)
+        u = np.float32(((mix((key + i * 0x9E3779B97F4A7C15) & (2**64 - 1)) >> 41) + 0.5) / 8388608.0)
         want.append(-np.log(-np.log(u)))
     assert np.array_equal(gumbel_noise(1, 2, 3, 5), np.array(want, dtype=np.float32))
+
+
+def test_gumbel_uniforms_stay_below_one():
+    """The extreme hashes give u strictly inside (0, 1), so no token's noise is infinite."""
+    h = np.array([0, 1 << 40, (1 << 64) - 1, ((1 << 23) - 1) << 41], dtype=np.uint64)
+    u = uniform_from_hash(h)
+    assert (u > 0).all() and (u < 1).all()
+    assert np.isfinite(-np.log(-np.log(u))).all()
 
 

@@ -6,7 +6,8 @@ Checks every call, and fails on the first difference:
 - greedy: each stream's tokens equal the same prompt generated alone on a fresh engine (batch invariance across
   calls and stream counts), and DDTree's equal AR's;
 - sampled (noise keyed by seed, stream slot and position): DDTree's tokens equal AR's of the same call;
-- device memory in use stays flat after the warm-up calls (the engine allocates once, at creation).
+- device memory in use stays flat after the warm-up calls (the engine allocates once, at creation, and keeps a
+  bounded number of captured graphs).
 Writes soak.json and soak.md to --out. Random-weight `small` target and drafter by default (`--model` for others).
 """
 
@@ -30,7 +31,9 @@ MAX_STREAMS = 16
 MAX_PROMPT = 300
 MAX_NEW = 96
 BUDGETS = (4, 8, 15, 32, 64)
-WARMUP_CALLS = 12
+# Enough calls for the engine's graph caches (kGraphCacheCapacity graphs each, least recently used evicted) to
+# fill: after that every new capture replaces one, and device memory must stay flat.
+WARMUP_CALLS = 48
 
 
 def device_used_bytes() -> int:

@@ -20,7 +20,7 @@ from ddtree import bf16
 from ddtree.checkpoint import Checkpoint, open_checkpoint
 from ddtree.config import LORA_NORM_EPS, ModelConfig
 from ddtree.drafter import DrafterConfig, open_drafter
-from ddtree.errors import RequestError, check_token_ids
+from ddtree.errors import NonFiniteError, RequestError, check_token_ids
 from ddtree.limits import MAX_STOP_IDS, MAX_TREE_BUDGET
 from ddtree.request import METHODS, check_seed, check_stop_ids
 from ddtree.reference.rope import Rope
@@ -79,11 +79,15 @@ def drafter_spec(cfg: DrafterConfig, window: int | None) -> dict[str, Any]:
 
 
 def _native_call(method: Any, *args: Any) -> Any:
-    """Calls the runtime; its refusals of an argument (C++ std::invalid_argument) become RequestError."""
+    """Calls the runtime; its refusals of an argument (C++ std::invalid_argument) become RequestError, and a
+    generation that sampled NaN or infinite logits (_native.NonFiniteLogits, naming the stream and position)
+    NonFiniteError."""
     try:
         return method(*args)
     except ValueError as err:
         raise RequestError(str(err)) from None
+    except ArithmeticError as err:
+        raise NonFiniteError(str(err)) from None
 
 
 def upload_drafter_tensors(weights: Mapping[str, np.ndarray], upload: Callable[[str, np.ndarray], None],

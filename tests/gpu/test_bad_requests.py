@@ -1,5 +1,6 @@
 """Bad requests among good ones: each is refused with an error naming what is wrong before anything runs, and the
-engine then serves the next good requests exactly as before (autoregressive and DDTree, greedy and sampled)."""
+engine then serves the next good requests exactly as before (autoregressive and DDTree, greedy and sampled). Non-finite
+weights: the generation raises, naming the stream and position, instead of decoding NaN as a token."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import ddtree  # noqa: E402
 from ddtree.drafter import make_drafter  # noqa: E402
-from ddtree.errors import RequestError  # noqa: E402
+from ddtree.errors import NonFiniteError, RequestError  # noqa: E402
 from engine_models import model_config  # noqa: E402
 
 MAX_CONTEXT = 96
@@ -25,9 +26,14 @@ def _release_engines():
 
 
 @pytest.fixture(scope="module")
-def engine(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
-    drafter_dir = tmp_path_factory.mktemp("drafter-bad-requests")
-    make_drafter(model_config("tiny"), drafter_dir, seed=3, preset="tiny")
+def drafter_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("drafter-bad-requests")
+    make_drafter(model_config("tiny"), path, seed=3, preset="tiny")
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine(model_dirs: dict[str, Path], drafter_dir: Path):
     return ddtree.Engine(model_dirs["tiny"], drafter_dir, streams=3, max_context=MAX_CONTEXT, budget=16)
 
 
@@ -69,3 +75,15 @@ def test_bad_requests_leave_the_engine_serving_good_ones(engine, method: str) ->
         with pytest.raises(RequestError, match=message):
             engine.generate(prompts, **request)
     assert _good(engine) == before
+
+
+@pytest.mark.parametrize("method", ["ar", "ddtree"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_non_finite_logits_raise_naming_stream_and_position(model_dirs: dict[str, Path], drafter_dir: Path,
+                                                             method: str, temperature: float) -> None:
+    poisoned = ddtree.Engine(model_dirs["tiny"], drafter_dir, streams=3, max_context=MAX_CONTEXT, budget=16)
+    hidden = poisoned.config.hidden_size
+    poisoned.native.upload("model.norm.weight", np.full(hidden, 0x7FC0, dtype=np.uint16))  # bf16 NaN
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    with pytest.raises(NonFiniteError, match=r"^stream 0: the target's logits at position 2 hold a NaN"):
+        poisoned.generate(prompts, 8, temperature=temperature, method=method, stop_token_ids=())

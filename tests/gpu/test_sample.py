@@ -8,15 +8,28 @@ torch = pytest.importorskip("torch")
 kernels = pytest.importorskip("ddtree._native", exc_type=ImportError).kernels
 
 
-def _sample(logits: torch.Tensor, temperature: float, seed: int, streams: torch.Tensor | None = None,
-            positions: torch.Tensor | None = None) -> torch.Tensor:
+ALL_FINITE = 0x7F7F7F7F  # kAllLogitsFinite
+
+
+def _sample_checked(logits: torch.Tensor, temperature: float, seed: int, streams: torch.Tensor | None = None,
+                    positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens, and per stream id the lowest position of a row with non-finite logits (ALL_FINITE if none)."""
     rows = logits.shape[0]
     tokens = torch.full((rows,), -1, device="cuda", dtype=torch.int32)
     streams = torch.arange(rows, device="cuda", dtype=torch.int32) if streams is None else streams
     positions = torch.zeros(rows, device="cuda", dtype=torch.int32) if positions is None else positions
-    kernels.sample_tokens(tokens, logits, torch.tensor([temperature], device="cuda"),
+    nonfinite = torch.full((int(streams.max().item()) + 1,), ALL_FINITE, device="cuda", dtype=torch.int32)
+    kernels.sample_tokens(tokens, nonfinite, logits, torch.tensor([temperature], device="cuda"),
                           torch.tensor([seed], device="cuda", dtype=torch.int64), streams, positions)
     torch.cuda.synchronize()
+    return tokens, nonfinite
+
+
+def _sample(logits: torch.Tensor, temperature: float, seed: int, streams: torch.Tensor | None = None,
+            positions: torch.Tensor | None = None) -> torch.Tensor:
+    tokens, nonfinite = _sample_checked(logits, temperature, seed, streams, positions)
+    if torch.isfinite(logits).all():
+        assert (nonfinite == ALL_FINITE).all()
     return tokens
 
 
@@ -53,3 +66,20 @@ def test_sampling_follows_softmax() -> None:
     freq = torch.bincount(tokens.long(), minlength=vocab).float() / draws
     expect = torch.softmax(logits[0] / temperature, dim=-1)
     assert (freq - expect).abs().max().item() < 0.03
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_non_finite_rows_mark_their_stream_at_the_lowest_position(temperature: float) -> None:
+    # 6 rows of 3 streams (ids 0, 2, 2, 1, 2, 0) at awkward positions over a vocabulary not a multiple of the
+    # CTAs' slices; the bad values sit at the ends of slices and of the row
+    vocab = 163_841
+    g = torch.Generator(device="cuda").manual_seed(5)
+    logits = torch.randn(6, vocab, device="cuda", generator=g)
+    streams = torch.tensor([0, 2, 2, 1, 2, 0], device="cuda", dtype=torch.int32)
+    positions = torch.tensor([7, 40, 31, 3, 35, 9], device="cuda", dtype=torch.int32)
+    logits[1, vocab - 1] = float("nan")
+    logits[4, 0] = float("inf")
+    logits[5, vocab // 8] = -float("inf")
+    tokens, nonfinite = _sample_checked(logits, temperature, 3, streams, positions)
+    assert nonfinite.tolist() == [9, ALL_FINITE, 35]
+    assert ((tokens >= 0) & (tokens < vocab)).all()

@@ -25,13 +25,19 @@ def _mix64(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+def uniform_from_hash(h: np.ndarray) -> np.ndarray:
+    """u in (0, 1) from uint64 hashes: the top 23 bits plus a half, over 2^23. Every value, 1 - 2^-24 at most, is a
+    float32 below 1, so -log(-log(u)) stays finite (24 bits would round the top one to 1.0: an infinite G that wins
+    whatever the logits)."""
+    return ((h >> np.uint64(41)).astype(np.float32) + np.float32(0.5)) * np.float32(1.0 / 8388608.0)
+
+
 def gumbel_noise(seed: int, stream: int, position: int, vocab: int) -> np.ndarray:
     """G for every token id at (seed, stream, position): float32 [vocab]."""
     where = np.array([(stream << 32) | (position & 0xFFFFFFFF)], dtype=np.uint64)
     key = _mix64(np.array([seed], dtype=np.uint64) ^ _mix64(where))
     h = _mix64(key + np.arange(vocab, dtype=np.uint64) * _WEYL)
-    u = ((h >> np.uint64(40)).astype(np.float32) + np.float32(0.5)) * np.float32(1.0 / 16777216.0)
-    return -np.log(-np.log(u))
+    return -np.log(-np.log(uniform_from_hash(h)))
 
 
 def target_choices(logits: np.ndarray, temperature: float, seed: int, stream: int,
