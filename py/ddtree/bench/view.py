@@ -52,5 +52,7 @@ def live_rows(console: Console, title: str, req: BenchRequest, quiet: bool) -> I
                 live.refresh()
 
             yield add
+        if not console.is_terminal:
+            console.line()  # the table's last render, to a pipe, ends without one
     finally:
         console.width = width
