@@ -41,7 +41,6 @@ class GraphCache {
         if (graphs_.size() >= kGraphCacheCapacity) evict_least_recent();
         return graphs_.emplace(key, c).first->second.exec;
     }
-    size_t size() const { return graphs_.size(); }
     void clear() {
         for (auto& [key, c] : graphs_) destroy_graph(c.exec, c.graph);
         graphs_.clear();
