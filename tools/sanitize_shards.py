@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""Shards of the GPU tests for parallel compute-sanitizer processes, and the summary of their logs.
+
+    sanitize_shards.py split --shards N --out-dir DIR [--nodeids FILE] [--times XML ...]
+    sanitize_shards.py summary --tool TOOL LOG ...
+
+`split` reads pytest node ids (the output of `pytest --collect-only -q`: lines holding `::`, the rest ignored)
+from FILE or stdin, and writes at most N files DIR/shard_I.txt, one node id a line, balanced by the tests'
+durations in the junit xml files: where several hold a test, the one whose run began last (the testsuite's
+timestamp) wins; a test in none of them counts the median of the known ones. Each shard keeps the collection
+order, so a module's fixtures are built once per shard. It prints the shard files' paths, one a line, and a line
+per shard on stderr with its test count and estimated seconds.
+
+`summary` reads the shards' logs (each ending in the line `gpu_suite: shard exit RC after S s` that
+tools/gpu_suite.sh appends) and prints one line: the sanitizer's errors (and racecheck's warnings) over every
+shard's ERROR / RACECHECK SUMMARY, the tests passed and failed, and every shard that failed, timed out or has no
+summary. Its exit status is 1 if any shard did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+EXIT_LINE = re.compile(r"gpu_suite: shard exit (\d+) after (\d+) s")
+ERROR_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?")
+RACECHECK_SUMMARY = re.compile(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
+PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)\b")
+PYTEST_FINAL = re.compile(r"\bin \d+(\.\d+)?s\b")
+TIMED_OUT = {124, 137}  # timeout(1): the step ran past its limit (TERM, then KILL)
+
+
+# ---- split ------------------------------------------------------------------------------------------------------
+
+def node_ids(lines) -> list[str]:
+    """The node ids among `pytest --collect-only -q` lines (unindented, a .py file before the first `::`), each
+    once, in collection order."""
+    seen: dict[str, None] = {}
+    for line in lines:
+        line = line.rstrip("\r\n")
+        if line[:1].strip() and line.split("::", 1)[0].endswith(".py") and "::" in line:
+            seen.setdefault(line.rstrip(), None)
+    return list(seen)
+
+
+def junit_key(node_id: str) -> tuple[str, str]:
+    """(classname, name) of a node id as pytest's junit xml writes it: `tests/gpu/test_a.py::Cls::test_b[x]` is
+    (`tests.gpu.test_a.Cls`, `test_b[x]`)."""
+    path, *rest = node_id.split("::")
+    module = path[:-3] if path.endswith(".py") else path
+    return ".".join([module.replace("\\", "/").strip("/").replace("/", "."), *rest[:-1]]), rest[-1] if rest else ""
+
+
+def junit_times(xml_paths) -> dict[tuple[str, str], float]:
+    """Each test's duration, taken from the xml whose run began last (ISO timestamps sort as text; a file with
+    none counts as the oldest, in the order given)."""
+    runs = []
+    for order, path in enumerate(xml_paths):
+        root = ET.parse(path).getroot()
+        suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+        for suite in suites:
+            runs.append((suite.get("timestamp", ""), order, suite))
+    times: dict[tuple[str, str], float] = {}
+    for _, _, suite in sorted(runs, key=lambda r: (r[0], r[1])):
+        for case in suite.iter("testcase"):
+            times[(case.get("classname", ""), case.get("name", ""))] = float(case.get("time", 0) or 0)
+    return times
+
+
+def durations(ids: list[str], times: dict[tuple[str, str], float]) -> list[float]:
+    """Each node id's duration: its own, matched also where one classname ends the other (node ids relative to
+    another root), else the median of the known ones (1 s when none is known)."""
+    by_name: dict[str, list[tuple[str, float]]] = {}
+    for (classname, name), t in times.items():
+        by_name.setdefault(name, []).append((classname, t))
+    found: list[float | None] = []
+    for node_id in ids:
+        classname, name = junit_key(node_id)
+        t = times.get((classname, name))
+        if t is None:
+            t = next((t for c, t in by_name.get(name, ())
+                      if c.endswith("." + classname) or classname.endswith("." + c)), None)
+        found.append(t)
+    known = [t for t in found if t is not None]
+    median = statistics.median(known) if known else 1.0
+    return [median if t is None else t for t in found]
+
+
+def split(ids: list[str], weights: list[float], shards: int) -> list[list[str]]:
+    """Longest first onto the least loaded shard; each shard then in collection order; no empty shard."""
+    loads = [0.0] * max(1, min(shards, len(ids)))
+    members: list[list[int]] = [[] for _ in loads]
+    for i in sorted(range(len(ids)), key=lambda i: (-weights[i], i)):
+        target = min(range(len(loads)), key=lambda s: (loads[s], s))
+        loads[target] += weights[i]
+        members[target].append(i)
+    return [[ids[i] for i in sorted(m)] for m in members if m]
+
+
+def cmd_split(args: argparse.Namespace) -> int:
+    text = Path(args.nodeids).read_text().splitlines() if args.nodeids != "-" else sys.stdin.read().splitlines()
+    ids = node_ids(text)
+    if not ids:
+        print("sanitize_shards: no node ids in the input", file=sys.stderr)
+        return 1
+    weights = durations(ids, junit_times(args.times))
+    seconds = dict(zip(ids, weights))
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for index, shard in enumerate(split(ids, weights, args.shards)):
+        path = out / f"shard_{index}.txt"
+        path.write_text("".join(f"{node_id}\n" for node_id in shard))
+        print(path)
+        print(f"shard {index}: {len(shard)} tests, {sum(seconds[i] for i in shard):.1f} s by the xml times",
+              file=sys.stderr)
+    return 0
+
+
+# ---- summary ----------------------------------------------------------------------------------------------------
+
+def shard_report(text: str) -> dict:
+    """What one shard's log says: exit status and seconds (None when the line is missing), sanitizer errors and
+    warnings (None without a summary), pytest's counts (empty without its final line)."""
+    exit_line = EXIT_LINE.findall(text)
+    rc, seconds = (int(exit_line[-1][0]), int(exit_line[-1][1])) if exit_line else (None, None)
+    race = RACECHECK_SUMMARY.findall(text)
+    plain = ERROR_SUMMARY.findall(text)
+    errors, warnings = ((int(race[-1][0]), int(race[-1][1])) if race else
+                        (int(plain[-1]), 0) if plain else (None, None))
+    counts: dict[str, int] = {}
+    finals = [line for line in text.splitlines() if PYTEST_FINAL.search(line) and PYTEST_COUNTS.search(line)]
+    if finals:
+        for n, what in PYTEST_COUNTS.findall(finals[-1]):
+            counts["errors" if what.startswith("error") else what] = int(n)
+    return {"rc": rc, "seconds": seconds, "errors": errors, "warnings": warnings, "counts": counts}
+
+
+def summary_line(tool: str, reports: list[tuple[str, dict]]) -> tuple[str, bool]:
+    errors = sum(r["errors"] or 0 for _, r in reports)
+    warnings = sum(r["warnings"] or 0 for _, r in reports)
+    counts: dict[str, int] = {}
+    for _, r in reports:
+        for what, n in r["counts"].items():
+            counts[what] = counts.get(what, 0) + n
+    problems = []
+    for name, r in reports:
+        if r["rc"] is None:
+            problems.append(f"{name}: no exit line")
+        elif r["rc"] in TIMED_OUT:
+            problems.append(f"{name}: timed out (exit {r['rc']})")
+        elif r["rc"] != 0:
+            problems.append(f"{name}: exit {r['rc']}")
+        if r["errors"] is None:
+            problems.append(f"{name}: no sanitizer summary")
+        elif r["errors"]:
+            problems.append(f"{name}: {r['errors']} errors")
+    slowest = max((r["seconds"] or 0 for _, r in reports), default=0)
+    tests = ", ".join(f"{counts.get(k, 0)} {k}" for k in ("passed", "failed", "skipped"))
+    extra = "".join(f", {n} {k}" for k, n in counts.items() if k not in ("passed", "failed", "skipped"))
+    line = (f"{tool}: {errors} errors" + (f", {warnings} warnings" if tool == "racecheck" else "")
+            + f" over {len(reports)} shards (slowest {slowest} s); tests {tests}{extra}")
+    failed = bool(problems) or counts.get("failed", 0) > 0 or counts.get("errors", 0) > 0
+    return line + ("; FAILED: " + "; ".join(problems) if problems else ""), failed
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    reports = [(Path(log).name, shard_report(Path(log).read_text(errors="replace"))) for log in args.logs]
+    line, failed = summary_line(args.tool, reports)
+    print(line)
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("split", help="write balanced shards of node ids")
+    p.add_argument("--shards", type=int, required=True)
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--times", nargs="*", default=[], help="junit xml files with the tests' durations")
+    p.add_argument("--nodeids", default="-", help="`pytest --collect-only -q` output (default: stdin)")
+    p.set_defaults(run=cmd_split)
+    s = sub.add_parser("summary", help="one line over the shards' logs of one tool")
+    s.add_argument("--tool", required=True)
+    s.add_argument("logs", nargs="+")
+    s.set_defaults(run=cmd_summary)
+    args = parser.parse_args(argv)
+    if args.command == "split" and args.shards < 1:
+        parser.error("--shards must be at least 1")
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
