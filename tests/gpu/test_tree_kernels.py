@@ -2,7 +2,8 @@
 
 The fuzz tests check 100,000 build inputs (each built tree then also walked from target choices that follow it)
 and 100,000 accept inputs with random, cyclic, self-looping and out-of-range links. The reference runs in worker
-processes so the fuzz takes seconds. The tests named *memcheck are small versions of each that run under
+processes so the fuzz takes seconds (in the sanitizer mode, conftest.sanitizing: 2,000 of each, checked in this
+process). The tests named *memcheck are small versions of each that run under
 `compute-sanitizer --tool memcheck` (with PYTORCH_NO_CUDA_MEMORY_CACHING=1, so every array is its own
 allocation and an overrun is seen).
 """
@@ -18,11 +19,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 kernels = pytest.importorskip("ddtree._native", exc_type=ImportError).kernels
+from conftest import sanitizing, trimmed  # noqa: E402
 from ddtree.reference.tree import accept_tree, accept_walk, build_tree, commit_rows  # noqa: E402
 
 PAD = -1
 SENTINEL = 0x5A5A5A5A  # what the outputs hold before a launch: an unwritten entry shows as a mismatch
-FUZZ_CASES = 100_000
+FUZZ_CASES = trimmed(100_000, 2_000)
 NODE_ARRAYS = ("tokens", "parents", "depths", "first_child", "next_sibling", "positions")
 
 
@@ -237,7 +239,7 @@ def build_tasks(seed: int, cases: int, max_streams: int, budgets=None):
 
 
 def test_build_and_accept_fuzz() -> None:
-    run_checks(check_build_batch, build_tasks(seed=23, cases=FUZZ_CASES, max_streams=128))
+    run_checks(check_build_batch, build_tasks(seed=23, cases=FUZZ_CASES, max_streams=128), parallel=not sanitizing())
 
 
 def test_build_and_accept_memcheck() -> None:
@@ -300,7 +302,8 @@ def malformed_tasks(seed: int, cases: int, streams: int, budgets=None):
 
 
 def test_accept_malformed_fuzz() -> None:
-    run_checks(check_walk_batch, malformed_tasks(seed=29, cases=FUZZ_CASES, streams=1000))
+    run_checks(check_walk_batch, malformed_tasks(seed=29, cases=FUZZ_CASES, streams=trimmed(1000, 100)),
+               parallel=not sanitizing())
 
 
 def test_accept_malformed_memcheck() -> None:
