@@ -9,10 +9,16 @@
 # under build/ so a second call on a warm machine recompiles only what changed. Each step is killed after
 # $STEP_TIMEOUT seconds (default 540), so a hung kernel costs one step, not the whole device session.
 #
-# SANITIZE="memcheck racecheck initcheck synccheck" (any of them) runs the tests once under each compute-sanitizer
-# tool, after the plain run, logging sanitize_TOOL.log; a tool's error fails the suite. They slow every kernel by
-# 10-100x, so a subset (-k) is what fits one device command; torch's caching allocator is then off, so that
-# memcheck sees every allocation's bounds.
+# SANITIZE="memcheck racecheck initcheck synccheck" (any of them) runs the tests under each compute-sanitizer tool in
+# turn, in place of the plain run (PLAIN=1 runs that first too). They slow every kernel by 10-100x, so each tool runs
+# $SANITIZE_JOBS (default 8) compute-sanitizer processes at once, each over one shard of the collected node ids
+# (tools/sanitize_shards.py: balanced by the durations in the committed bench/results/gpu_tests junit xml files, or
+# $SANITIZE_TIMES), with DDTREE_SANITIZE=1 (tests/gpu/conftest.py: repetition trimmed, coverage kept) and torch's
+# caching allocator off, so that memcheck sees every allocation's bounds. Each shard logs sanitize_TOOL_I.log (its
+# node ids in sanitize_TOOL_I.txt, its junit xml beside); then one line per tool sums the sanitizer's errors and the
+# tests over the shards, and a shard's error, failed test or timeout fails the suite.
+# SUITE_DEADLINE (seconds after the start) cuts every sanitizer step's timeout so that the step ends by then, leaving
+# time to pack the reports before the device command's own limit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +30,10 @@ fi
 report_dir=${REPORT_DIR:-${OUT:+$OUT/reports}}
 report_dir=${report_dir:-bench/results/latest}
 step_timeout=${STEP_TIMEOUT:-540}
+sanitize_jobs=${SANITIZE_JOBS:-8}
+if [[ -n ${SANITIZE:-} ]]; then run_plain=${PLAIN:-0}; else run_plain=${PLAIN:-1}; fi
 mkdir -p "$report_dir"
+report_dir=$(cd "$report_dir" && pwd)  # the tests run from /tmp
 export PYTHONUNBUFFERED=1
 
 if compgen -G ".wheels/*.whl" >/dev/null; then
@@ -42,6 +51,72 @@ else
     rm -rf build/gpu-suite
 fi
 
+# One sanitizer step per tool: the node ids (collected in the sanitizer mode, -k applied) in balanced shards, one
+# compute-sanitizer process per shard, all at once; then the tool's summary line (tools/sanitize_shards.py summary).
+sanitize_suite() {
+    local repo=$PWD shard_dir tool extra limit i ok=0
+    local -a shards pids ids times logs
+    local -x DDTREE_SANITIZE=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1
+    # the shards share the CPU cores: no numpy or torch thread pools sized for the whole machine in each
+    local threads=$(( $(nproc) / sanitize_jobs )); (( threads >= 1 )) || threads=1
+    local -x OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads MKL_NUM_THREADS=$threads
+    if ! (cd /tmp && timeout "$step_timeout" python3 -m pytest --collect-only -q -p no:cacheprovider "$repo/tests/gpu" \
+            ${pytest_expr[@]+"${pytest_expr[@]}"}) >"$report_dir/sanitize_collect.log" 2>&1; then
+        echo "sanitize: collection failed; see sanitize_collect.log"; tail -20 "$report_dir/sanitize_collect.log"
+        return 1
+    fi
+    if [[ -n ${SANITIZE_TIMES:-} ]]; then
+        read -ra times <<<"$SANITIZE_TIMES"
+    else
+        times=(bench/results/gpu_tests/*.xml)
+        [[ -e ${times[0]} ]] || times=()
+    fi
+    shard_dir=$(mktemp -d)
+    mapfile -t shards < <(python3 tools/sanitize_shards.py split --shards "$sanitize_jobs" --out-dir "$shard_dir" \
+        --nodeids "$report_dir/sanitize_collect.log" --times ${times[@]+"${times[@]}"} 2>"$report_dir/sanitize_shards.log")
+    if (( ${#shards[@]} == 0 )); then
+        echo "sanitize: no shards; see sanitize_shards.log and sanitize_collect.log"; cat "$report_dir/sanitize_shards.log"
+        return 1
+    fi
+    for tool in $SANITIZE; do
+        case $tool in
+            memcheck) extra=(--leak-check no) ;;
+            racecheck) extra=(--racecheck-report all) ;;
+            initcheck | synccheck) extra=() ;;
+            *) echo "SANITIZE: unknown tool $tool (memcheck, racecheck, initcheck, synccheck)"; ok=1; continue ;;
+        esac
+        limit=$step_timeout
+        if [[ -n ${SUITE_DEADLINE:-} ]]; then
+            (( SUITE_DEADLINE - ($(date +%s) - start) < limit )) && limit=$(( SUITE_DEADLINE - ($(date +%s) - start) ))
+            if (( limit < 30 )); then
+                echo "$tool: not run, ${limit} s left before SUITE_DEADLINE"; ok=1; continue
+            fi
+        fi
+        echo "$tool: ${#shards[@]} shards, ${limit} s each at most"
+        rm -f "$report_dir"/sanitize_"$tool"_*
+        pids=() logs=()
+        for i in "${!shards[@]}"; do
+            logs+=("$report_dir/sanitize_${tool}_$i.log")
+            cp "${shards[i]}" "$report_dir/sanitize_${tool}_$i.txt"
+            mapfile -t ids <"${shards[i]}"
+            ids=("${ids[@]/#/$repo/}")
+            (
+                cd /tmp || exit 1
+                t0=$(date +%s)
+                timeout -k 15 "$limit" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 86 \
+                    python3 -m pytest -q -p no:cacheprovider --junitxml="$report_dir/sanitize_${tool}_$i.xml" "${ids[@]}"
+                rc=$?
+                echo "gpu_suite: shard exit $rc after $(( $(date +%s) - t0 )) s"
+            ) >"${logs[i]}" 2>&1 &
+            pids+=($!)
+        done
+        for i in "${!pids[@]}"; do wait "${pids[i]}"; done
+        python3 tools/sanitize_shards.py summary --tool "$tool" "${logs[@]}" | tee -a "$report_dir/sanitize_summary.txt"
+        (( PIPESTATUS[0] == 0 )) || ok=1
+    done
+    return $ok
+}
+
 status=0
 start=$(date +%s)
 rm -f "$sources_stamp"
@@ -56,25 +131,14 @@ fi
 nvidia-smi >"$report_dir/nvidia-smi.txt" 2>&1
 # Run from outside the source tree so the installed package (with its native module) is imported.
 if (( status == 0 )); then
-    (cd /tmp && timeout "$step_timeout" python3 -m pytest -q -p no:cacheprovider "$OLDPWD/tests/gpu" ${pytest_expr[@]+"${pytest_expr[@]}"} \
-        --junitxml="$report_dir/gpu_tests.xml" 2>&1) | tee "$report_dir/gpu_tests.log"
-    (( PIPESTATUS[0] == 0 )) || status=1
-    for tool in ${SANITIZE:-}; do
-        case $tool in
-            memcheck) extra=(--leak-check no) ;;
-            racecheck) extra=(--racecheck-report all) ;;
-            initcheck | synccheck) extra=() ;;
-            *) echo "SANITIZE: unknown tool $tool (memcheck, racecheck, initcheck, synccheck)"; status=1; continue ;;
-        esac
-        log=$report_dir/sanitize_$tool.log
-        (cd /tmp && PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$step_timeout" compute-sanitizer --tool "$tool" \
-            "${extra[@]}" --error-exitcode 86 python3 -m pytest -q -p no:cacheprovider "$OLDPWD/tests/gpu" \
-            ${pytest_expr[@]+"${pytest_expr[@]}"}) >"$log" 2>&1
-        rc=$?
-        summary=$(grep -E "(ERROR|RACECHECK) SUMMARY" "$log" | tail -1)
-        echo "$tool: exit $rc; ${summary:-no summary (timed out or crashed)}; $(grep -E "passed|failed" "$log" | tail -1)"
-        (( rc == 0 )) || status=1
-    done
+    if (( run_plain )); then
+        (cd /tmp && timeout "$step_timeout" python3 -m pytest -q -p no:cacheprovider "$OLDPWD/tests/gpu" \
+            ${pytest_expr[@]+"${pytest_expr[@]}"} --junitxml="$report_dir/gpu_tests.xml" 2>&1) | tee "$report_dir/gpu_tests.log"
+        (( PIPESTATUS[0] == 0 )) || status=1
+    fi
+    if [[ -n ${SANITIZE:-} ]]; then
+        sanitize_suite || status=1
+    fi
     for bench in "$@"; do
         echo "== bench $bench"
         (cd /tmp && timeout "$step_timeout" python3 "$OLDPWD/tools/bench_$bench.py" --out "$report_dir/$bench" 2>&1) \
