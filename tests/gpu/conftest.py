@@ -44,7 +44,7 @@ _REASON = _skip_reason()
 #   drafter's own candidates still run, the same graph buckets and GEMM row counts, on fewer rounds), and one
 #   temperature per (model, streams) instead of both: temperature index (model index + streams index) % 2, so
 #   every model preset (tiny, small, tiny-fused, k2-layers) and every stream count (1, 3, 16) runs greedy and
-#   sampled. Its acceptance statistics (mean accept >= 4, a path as deep as the depth limit) are pooled over the
+#   sampled (the other 12 cases are deselected at collection, sanitize_keep). Its acceptance statistics (mean accept >= 4, a path as deep as the depth limit) are pooled over the
 #   budgets >= 8 instead of held per budget, as 32 tokens give one stream only a few rounds per budget.
 # - test_replayed_round_equals_eager_round: 32 new tokens (every stage runs in every round).
 # - test_nodes_equal_autoregressive_paths(_k2): the autoregressive forwards that check verify's nodes run one
@@ -61,11 +61,29 @@ def trimmed(plain, sanitized):
     return sanitized if sanitizing() else plain
 
 
+def sanitize_keep(keep):
+    """Decorator of a parametrized test: in the sanitizer mode, its cases for which keep(**params) is false are
+    deselected at collection (so the shards are balanced over what runs)."""
+    def mark(test):
+        test.sanitize_keep = keep
+        return test
+    return mark
+
+
 def pytest_report_header(config: pytest.Config) -> str | None:
     return "ddtree GPU tests: sanitizer mode (DDTREE_SANITIZE=1), repetition trimmed" if sanitizing() else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if sanitizing():
+        kept, dropped = [], []
+        for item in items:
+            keep = getattr(getattr(item, "function", None), "sanitize_keep", None)
+            params = item.callspec.params if hasattr(item, "callspec") else {}
+            (kept if keep is None or keep(**params) else dropped).append(item)
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
     for item in items:
         if "tests/gpu" in str(item.fspath).replace("\\", "/"):
             item.add_marker(pytest.mark.gpu)
