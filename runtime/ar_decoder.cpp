@@ -26,6 +26,8 @@ std::string graph_name(int streams, int span) {
     return "ar streams=" + std::to_string(streams) + " span=" + std::to_string(span);
 }
 
+std::string key_name(const std::pair<int, int>& key) { return graph_name(key.first, key.second); }
+
 }  // namespace
 
 void check_generation_length(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
@@ -260,24 +262,12 @@ StepProfile ArDecoder::profile_step(int n, const std::vector<int32_t>& positions
     return out;
 }
 
-std::vector<CapturedGraph> ArDecoder::graphs() const {
-    std::vector<CapturedGraph> out;
-    graphs_.visit([&](const std::pair<int, int>& key, cudaGraphExec_t, cudaGraph_t graph) {
-        out.push_back({graph_name(key.first, key.second), graph_node_count(graph)});
-    });
-    return out;
-}
+std::vector<CapturedGraph> ArDecoder::graphs() const { return list_graphs(graphs_, key_name); }
 
 bool ArDecoder::replay(const std::string& name, int n, bool warmup, std::vector<double>* seconds) {
-    cudaGraphExec_t exec = nullptr;
-    std::pair<int, int> key;
-    graphs_.visit([&](const std::pair<int, int>& k, cudaGraphExec_t e, cudaGraph_t) {
-        if (graph_name(k.first, k.second) == name) {
-            exec = e;
-            key = k;
-        }
-    });
-    if (exec == nullptr) return false;
+    const auto found = find_graph(graphs_, name, key_name);
+    if (!found) return false;
+    const auto [key, exec] = *found;
     const auto [streams, span] = key;
     // A row at position p reads p + 1 keys, at most the span (and the cache holds max_context positions).
     const int position = std::min(span, cache_.max_context()) - 1;

@@ -466,24 +466,12 @@ std::string DdtreeRound::graph_name(const RoundKey& key) {
            (key.oracle ? " oracle" : "");
 }
 
-std::vector<CapturedGraph> DdtreeRound::graphs() const {
-    std::vector<CapturedGraph> out;
-    graphs_.visit([&](const RoundKey& key, cudaGraphExec_t, cudaGraph_t graph) {
-        out.push_back({graph_name(key), graph_node_count(graph)});
-    });
-    return out;
-}
+std::vector<CapturedGraph> DdtreeRound::graphs() const { return list_graphs(graphs_, graph_name); }
 
 bool DdtreeRound::replay(const std::string& name, int n, bool warmup, std::vector<double>* seconds) {
-    cudaGraphExec_t exec = nullptr;
-    RoundKey key{};
-    graphs_.visit([&](const RoundKey& k, cudaGraphExec_t e, cudaGraph_t) {
-        if (graph_name(k) == name) {
-            exec = e;
-            key = k;
-        }
-    });
-    if (exec == nullptr) return false;
+    const auto found = find_graph(graphs_, name, graph_name);
+    if (!found) return false;
+    const auto [key, exec] = *found;
     // The committed length every replay starts at: its nodes' keys (start + depth + 1) within the attention span,
     // the drafter's context within its span (keys of the generation, when below the drafter cache's capacity) and
     // every position within max_context.

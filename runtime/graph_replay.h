@@ -4,9 +4,12 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "graph_cache.h"
 
 namespace ddtree {
 
@@ -18,6 +21,27 @@ struct CapturedGraph {
 };
 
 size_t graph_node_count(cudaGraph_t graph);
+
+// Every graph `cache` holds, named by name(key).
+template <typename Key, typename Name>
+std::vector<CapturedGraph> list_graphs(const GraphCache<Key>& cache, Name&& name) {
+    std::vector<CapturedGraph> out;
+    cache.visit([&](const Key& key, cudaGraphExec_t, cudaGraph_t graph) {
+        out.push_back({name(key), graph_node_count(graph)});
+    });
+    return out;
+}
+
+// The key and graph of `cache` that name(key) calls `wanted`, if it holds one.
+template <typename Key, typename Name>
+std::optional<std::pair<Key, cudaGraphExec_t>> find_graph(const GraphCache<Key>& cache, const std::string& wanted,
+                                                          Name&& name) {
+    std::optional<std::pair<Key, cudaGraphExec_t>> found;
+    cache.visit([&](const Key& key, cudaGraphExec_t exec, cudaGraph_t) {
+        if (name(key) == wanted) found.emplace(key, exec);
+    });
+    return found;
+}
 
 // Device arrays a graph reads and advances, copied aside at construction; restore() copies them back on the stream
 // (device to device), so that replay after replay starts from one state.

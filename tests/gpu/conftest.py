@@ -3,6 +3,7 @@ the reason."""
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -89,6 +90,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.gpu)
             if _REASON is not None:
                 item.add_marker(pytest.mark.skip(reason=_REASON))
+
+
+@pytest.fixture(autouse=True)
+def _release_engines():
+    # engines (and their device memory) held by a finished or failed test are freed here, not at a random later
+    # point in another test
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

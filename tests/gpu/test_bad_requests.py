@@ -4,7 +4,6 @@ weights: the generation raises, naming the stream and position, instead of decod
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +17,6 @@ from engine_models import model_config  # noqa: E402
 
 MAX_CONTEXT = 96
 
-
-@pytest.fixture(autouse=True)
-def _release_engines():
-    yield
-    gc.collect()
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ continuation at a drawn rank, so paths of every length up to the depth limit are
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +28,6 @@ STREAMS = [1, 3, 16]
 TEMPERATURES = [0.0, 0.8]
 DRAFTERS = {"tiny": "tiny", "small": "small", TINY_FUSED: "tiny", "k2-layers": "k2-layers"}
 
-
-@pytest.fixture(autouse=True)
-def _release_engines():
-    yield
-    gc.collect()
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ different context lengths, a stream's logits bitwise unchanged by the other stre
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 from pathlib import Path
 
@@ -27,11 +26,6 @@ from ddtree.reference.model import ReferenceModel  # noqa: E402
 from drafter_replica import kimi_dflash_config_json, write_kimi_dflash_replica  # noqa: E402
 from drafter_twins import Twins, random_contexts  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _release_devices():
-    yield
-    gc.collect()
 
 
 @pytest.fixture(scope="module")

@@ -74,12 +74,6 @@ def _teacher_forced_check(reference: ReferenceModel, native, stream: int, prompt
     return summary
 
 
-@pytest.fixture(autouse=True)
-def _release_engines():
-    # engines held by failed tests' tracebacks are freed here, not at a random later point
-    yield
-    gc.collect()
-
 
 @pytest.mark.parametrize("preset", ["tiny", "small", TINY_FUSED])
 def test_greedy_matches_reference_teacher_forced(preset: str, model_dirs: dict[str, Path],

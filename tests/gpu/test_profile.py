@@ -4,7 +4,6 @@ built-in demo pair (small sizes)."""
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import re
@@ -22,11 +21,6 @@ DEMO = cli.DEFAULT_MODEL_DIR
 NAME = re.compile(r"ar streams=\d+ span=\d+|round streams=\d+ budget=\d+ depth=\d+ width=\d+ span=\d+ "
                   r"draft_span=\d+( oracle)?")
 
-
-@pytest.fixture(autouse=True)
-def _release_engines():
-    yield
-    gc.collect()
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ reference's forward with tree visibility; trees the engine must refuse."""
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +20,6 @@ from engine_models import TINY_FUSED, TINY_LONG, model_config, reference_on_engi
 
 BUDGETS = (1, 7, 32, 64, 255)
 
-
-@pytest.fixture(autouse=True)
-def _release_engines():
-    yield
-    gc.collect()
 
 
 def _random_tree(rng: np.random.Generator, nodes: int, vocab: int) -> tuple[list[int], list[int]]:
