@@ -105,14 +105,16 @@ inline cudaError_t opt_in_smem(Kernel* kernel, int bytes, std::atomic<uint64_t>&
     return cudaSuccess;
 }
 
-// ---- Bulk (TMA) copies global -> shared completing on an mbarrier (one arrival per phase). ----
+// ---- mbarriers: bulk (TMA) copies global -> shared completing on one (one arrival per phase), and hand-offs
+// between threads (one arrival per producing thread per phase). ----
 
 // L2 evict-first policy for a stream read once per call (what `createpolicy.fractional.L2::evict_first 1.0`
 // yields; a constant because ptxas 13.0 mis-allocated the createpolicy form's registers).
 constexpr uint64_t kL2EvictFirstPolicy = 0x12F0000000000000ull;
 
-__device__ __forceinline__ void barrier_init(uint64_t* bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)));
+// A phase completes after `arrivals` arrivals (and the bytes its expect_tx counted).
+__device__ __forceinline__ void barrier_init(uint64_t* bar, uint32_t arrivals = 1) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals));
 }
 
 // Makes initialised barriers visible to the async proxy (bulk copies) and the other threads after a sync.
@@ -130,6 +132,11 @@ __device__ __forceinline__ void barrier_expect_tx(uint64_t* bar, uint32_t bytes)
 __device__ __forceinline__ void barrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
                  : "memory");
+}
+
+// Arrives (release: this thread's earlier shared-memory accesses are ordered before the phase completes).
+__device__ __forceinline__ void barrier_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
 
 // Waits until phase `parity` of the barrier completed; the bytes it counted are then visible to this thread.

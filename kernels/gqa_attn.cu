@@ -172,7 +172,10 @@ __global__ void __launch_bounds__(kThreads)
             for (int j = 0; j < 16; ++j) tile_max = fmaxf(tile_max, pr[j]);
             tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
             tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-            const float m_old = row_m[row], m_new = fmaxf(m_old, tile_max);  // finite: a tile has a key
+            // Only the lane that rewrites the row's statistics reads them (the others get m_old by shuffle): a
+            // shuffle orders no shared-memory access, so other lanes' reads would race with its write.
+            const float m_old = __shfl_sync(0xffffffffu, part == 0 ? row_m[row] : 0.f, 0, 4);
+            const float m_new = fmaxf(m_old, tile_max);  // finite: a tile has a key
             float sum = 0.f;
 #pragma unroll
             for (int j = 0; j < 16; ++j) {

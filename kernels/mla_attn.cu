@@ -12,8 +12,10 @@
 //                online softmax in registers, P (bf16) and the rescale factor to shared memory;
 //   warpgroups 1, 2: O[:, half] = O * alpha + P V for tile i (P from registers, V = the same cache tile read
 //                MN-major), each owning half of the slice's latent columns, while warpgroup 0 scores tile i + 1.
-// Named barriers hand P over (one buffer: "ready" from warpgroup 0, "free" once the P.V warpgroups hold it in
-// registers), and a stage is refilled with tile i + 2 as soon as the P.V of tile i is done with it. Every
+// A pair of mbarriers hands P over (one buffer: "full" once warpgroup 0 has written it, "empty" once the P.V
+// warpgroups hold it in registers; every thread arrives on its own, so each thread's shared-memory accesses are
+// released to the waiters, an ordering compute-sanitizer's racecheck follows, where it does not follow a named
+// barrier's bar.arrive), and a stage is refilled with tile i + 2 as soon as the P.V of tile i is done with it. Every
 // reduction order is fixed by the key positions and the row's own kv_len (which sets the chunk size).
 //
 // Column slices: a launch of few (row, chunk) pairs (one stream at long context, a few streams at short) would
@@ -40,12 +42,10 @@ constexpr int kThreads = 3 * 128;
 constexpr int kSwizzleRow = 128;  // bytes per row of a 128-byte-swizzled block of 64 bf16 columns
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Named barriers (0 is __syncthreads).
+// Named barriers (0 is __syncthreads), each synced by all of its threads.
 constexpr int kPvOwnBarrier = 1;     // + the P.V warpgroup's index (0, 1): that warpgroup's own 128 threads
-constexpr int kPReadyBarrier = 3;    // warpgroup 0 arrives once P and alpha of a tile are in shared memory
-constexpr int kPFreeBarrier = 4;     // the P.V warpgroups arrive once they hold P and alpha in registers
-constexpr int kStageFreeBarrier = 5; // the P.V warpgroups are done with a tile's stage
-constexpr int kScoreOwnBarrier = 6;  // warpgroup 0's own 128 threads (a tile's tree keys are in place)
+constexpr int kStageFreeBarrier = 3; // the P.V warpgroups are done with a tile's stage
+constexpr int kScoreOwnBarrier = 4;  // warpgroup 0's own 128 threads (a tile's tree keys are in place)
 
 // Whether DL latent columns split into `slices` P.V column slices of whole 128-column blocks (64 columns for each
 // of the two P.V warpgroups).
@@ -80,11 +80,7 @@ __device__ __forceinline__ uint32_t swizzled(int r, int c, int rows) {
 // and ldmatrix reads (8 rows of one chunk) both hit 32 distinct banks.
 __device__ __forceinline__ uint32_t p_offset(int r, int chunk) { return r * kSwizzleRow + ((chunk ^ (r & 7)) * 16); }
 
-// Producer / consumer halves of a named barrier over `threads` threads: arrive does not wait; sync waits until
-// all `threads` have arrived or synced, and orders the arrivers' earlier shared-memory writes before its reads.
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
+// Waits until all `threads` threads of named barrier `id` have reached it.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -123,10 +119,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t q_addr = smem_addr(s_q), kv_addr = smem_addr(s_kv);
 
     __shared__ __align__(8) uint64_t full[kStages];  // one per cache stage: its tile's bytes have landed
+    __shared__ __align__(8) uint64_t p_full, p_empty;  // P and alpha written / held in the P.V registers
     if (tid == 0) {
         for (int st = 0; st < kStages; ++st) barrier_init(&full[st]);
+        barrier_init(&p_full, 128);
+        barrier_init(&p_empty, T::kPvGroups * 128);
         barrier_init_fence();
     }
+    // Before any arrival: ptxas issues the initialisation as one instruction of warp 0, which racecheck then takes
+    // as every lane's, racing thread 0's own first arrival.
+    __syncthreads();
     for (int idx = tid; idx < kHeads * kRowChunks; idx += kThreads) {
         const int r = idx / kRowChunks, c = idx % kRowChunks;
         const bool valid = h0 + r < heads;
@@ -152,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (ntiles > 1) issue(1);
     }
     // The query (cp.async by every thread, generic proxy) must be visible to warpgroup 0's score wgmmas (async
-    // proxy); the barriers are initialised before any thread waits on them.
+    // proxy).
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
@@ -246,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             m_lo = mx_lo;
             m_hi = mx_hi;
             // One P buffer: wait until the P.V warpgroups hold the previous tile's P and alpha in registers.
-            if (tile > 0) named_barrier_sync(kPFreeBarrier, kThreads);
+            if (tile > 0) barrier_wait(&p_empty, (tile - 1) & 1);
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 *reinterpret_cast<uint32_t*>(s_p + p_offset(r_lo, j) + 4 * t) = p_lo[j];
@@ -256,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 s_alpha[r_lo] = alpha_lo;
                 s_alpha[r_hi] = alpha_hi;
             }
-            named_barrier_arrive(kPReadyBarrier, kThreads);
+            barrier_arrive(&p_full);
         }
         if (slice == 0 && t == 0) {
             const int64_t part = partial_index();
@@ -283,15 +285,13 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int i = 0; i < 32; ++i) o[b][i] = 0.f;
         }
         for (int tile = 0; tile < ntiles; ++tile) {
-            named_barrier_sync(kPReadyBarrier, kThreads);
-            // Warpgroup 0 may overwrite P and alpha once both P.V warpgroups hold them in registers; an idle one
-            // loads nothing but arrives all the same, as the barrier counts all kThreads. No P follows the last tile.
+            // Warpgroup 0 may overwrite P and alpha once the active P.V warpgroups hold them in registers (an idle
+            // one reads neither and is not counted). No P follows the last tile.
             auto release_p = [&] {
-                if (tile + 1 < ntiles) named_barrier_arrive(kPFreeBarrier, kThreads);
+                if (tile + 1 < ntiles) barrier_arrive(&p_empty);
             };
-            if (!active) {
-                release_p();
-            } else {
+            if (active) {
+                barrier_wait(&p_full, tile & 1);
                 const float alpha_lo = s_alpha[r_lo], alpha_hi = s_alpha[r_lo + 8];
                 // P's A fragments: all four k16 steps at once, or in two parts when the warpgroup's 256 accumulator
                 // columns leave no registers for all of them (the second part is loaded after the first's wgmmas).
