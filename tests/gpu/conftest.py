@@ -47,7 +47,8 @@ _REASON = _skip_reason()
 #   every model preset (tiny, small, tiny-fused, k2-layers) and every stream count (1, 3, 16) runs greedy and
 #   sampled (the other 12 cases are deselected at collection, sanitize_keep). Its acceptance statistics (mean accept >= 4, a path as deep as the depth limit) are pooled over the
 #   budgets >= 8 instead of held per budget, as 32 tokens give one stream only a few rounds per budget.
-# - test_replayed_round_equals_eager_round: 32 new tokens (every stage runs in every round).
+# - test_replayed_round_equals_eager_round: 6 new tokens (every stage runs in every round, captured, replayed and
+#   eager).
 # - test_nodes_equal_autoregressive_paths(_k2): the autoregressive forwards that check verify's nodes run one
 #   leaf per distinct path length per stream (the same forward_logits row counts and starts as every leaf's;
 #   every parametrization and the verify launch itself unchanged); nodes on no such path go unchecked.
