@@ -62,19 +62,23 @@ void BudgetPolicy::observe(const float* masses, const int32_t* accepts, const in
 }
 
 double BudgetPolicy::ratio(int candidate) const {
-    const int c_count = static_cast<int>(candidates_.size());
-    int from = -1;
-    for (int d = 0; d < c_count && from < 0; ++d) {  // the nearest candidate run so far, the smaller on ties
-        if (candidate - d >= 0 && seen_[candidate - d]) from = candidate - d;
-        else if (candidate + d < c_count && seen_[candidate + d]) from = candidate + d;
-    }
-    if (from < 0 || predicted_[from] <= 1e-9) return 1.0;
-    return std::clamp(observed_[from] / predicted_[from], 0.0, kMaxRatio);
+    if (predicted_[candidate] <= 1e-9) return 1.0;
+    return std::clamp(observed_[candidate] / predicted_[candidate], 0.0, kMaxRatio);
 }
 
-double BudgetPolicy::expected_tokens(int live, int candidate) const {
-    return live * (1.0 + ratio(candidate) * mass_[candidate]);
+double BudgetPolicy::expected_per_stream(int candidate) const {
+    const int c_count = static_cast<int>(candidates_.size());
+    if (seen_[candidate]) return 1.0 + ratio(candidate) * mass_[candidate];
+    for (int below = candidate - 1; below >= 0; --below) {  // the largest smaller candidate run: its calibration
+        if (seen_[below]) return 1.0 + ratio(below) * mass_[candidate];
+    }
+    for (int above = candidate + 1; above < c_count; ++above) {  // the smallest larger one run bounds it
+        if (seen_[above]) return expected_per_stream(above);
+    }
+    return 1.0 + mass_[candidate];
 }
+
+double BudgetPolicy::expected_tokens(int live, int candidate) const { return live * expected_per_stream(candidate); }
 
 int BudgetPolicy::choose(int live) const {
     const int c_count = static_cast<int>(candidates_.size());

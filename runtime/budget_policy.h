@@ -2,12 +2,14 @@
 // maximise (expected tokens committed per round, summed over the live streams) / (round time), CaDDTree's rule.
 //
 // Expected tokens come from the round's budget probe (kernels/tree_build.cuh tree_probe): per stream and candidate
-// b, M(b) = 1 + the sum of the path probabilities of the first b nodes the tree build pops. Drafter probabilities
-// are over-confident, so each candidate's predicted extra tokens M(b) - 1 are scaled by a calibration ratio, the
-// smoothed observed accept length - 1 over the smoothed predicted M(b) - 1 of the rounds that ran at b; a candidate
-// not run yet borrows the ratio of the nearest one that was (optimistic for larger trees, whose marginal nodes are
-// the less reliable ones: the first rounds at such a budget then correct it). Round time per (live streams,
-// candidate) comes from a CostTable (measured on the engine: see DdtreeRound).
+// b, M(b) = 1 + the sum of the path probabilities of the first b nodes the tree build pops, smoothed over rounds.
+// Drafter probabilities are over-confident (and an oracle's say nothing), so a candidate run before predicts
+// 1 + ratio * (M(b) - 1), its ratio the smoothed observed accept length - 1 over the smoothed M(b) - 1 of the rounds
+// that ran at b. A candidate not run yet is judged optimistically, so that it gets tried: with the ratio of the
+// largest smaller candidate run (the mass keeps growing with b), else with the expectation of the smallest larger
+// one run (an upper bound: a smaller tree is a prefix of the larger one's pops, so it accepts no more), else with
+// ratio 1. Round time per (live streams, candidate) comes from a CostTable (measured on the engine: see
+// DdtreeRound).
 //
 // ddtree.reference.budget is this policy's numpy twin, step for step in float64; the CPU tests pin it there.
 #pragma once
@@ -39,8 +41,9 @@ class BudgetPolicy {
     // smaller on ties); before any observation, the middle candidate.
     int choose(int live) const;
 
-    double ratio(int candidate) const;                       // the calibration of candidate index `candidate`
-    double expected_tokens(int live, int candidate) const;   // per round, summed over `live` streams
+    double ratio(int candidate) const;  // observed / predicted extra tokens of candidate index `candidate` (1 unseen)
+    double expected_per_stream(int candidate) const;        // tokens per round and stream
+    double expected_tokens(int live, int candidate) const;  // per round, summed over `live` streams
     const std::vector<int>& candidates() const { return candidates_; }
     const CostTable& costs() const { return costs_; }
 

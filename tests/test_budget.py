@@ -108,12 +108,17 @@ def test_policy_calibrates_against_observed_accepts() -> None:
     sceptical = BudgetPolicy(CANDIDATES, costs)
     sceptical.observe(masses_row([3.0, 4.0, 6.0, 9.0]), [1], 16)
     assert sceptical.ratio(1) == 0.0 and sceptical.choose(1) == 8
-    # a candidate not yet run borrows the nearest run one's ratio (the smaller on ties)
+    # a candidate not yet run: the calibration of the largest smaller one run, else the expectation of the smallest
+    # larger one run (an upper bound), so that each gets tried when it might pay
     policy = BudgetPolicy(CANDIDATES, costs)
     policy.observe(masses_row([2.0, 3.0, 4.0, 5.0]), [2], 8)
     policy.observe(masses_row([2.0, 3.0, 4.0, 5.0]), [4], 64)
     assert policy.ratio(0) == pytest.approx(1.0) and policy.ratio(3) == pytest.approx(0.75)
-    assert policy.ratio(1) == pytest.approx(1.0) and policy.ratio(2) == pytest.approx(0.75)
+    assert [policy.expected_per_stream(c) for c in range(4)] == pytest.approx([2.0, 3.0, 4.0, 4.0])
+    above = BudgetPolicy(CANDIDATES, costs)
+    above.observe(masses_row([2.0, 3.0, 4.0, 5.0]), [3], 32)
+    assert [above.expected_per_stream(c) for c in range(4)] == pytest.approx([3.0, 3.0, 3.0, 1 + 8 / 3])
+    assert above.choose(1) == 8  # an accept curve as flat as the probe allows: the cheapest tree is tried
 
 
 def test_policy_leaves_out_finished_streams_and_smooths() -> None:

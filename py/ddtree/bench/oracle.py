@@ -91,7 +91,7 @@ def decode_ddtree(engine: Engine, prompts: Sequence[Sequence[int]], new_tokens: 
         kwargs["auto_budgets"] = list(autos)
         budget = autos[-1]
     out = engine.native.generate_ddtree([list(p) for p in prompts], new_tokens, 0.0, 0, budget, **kwargs)
-    costs = {"streams": out["cost_streams"], "seconds": out["cost_seconds"]} if out["cost_streams"] else {}
+    costs = {"streams": out["cost_streams"], "seconds": out["cost_seconds"]} if out.get("cost_streams") else {}
     return Decoded(out["tokens"], out["accept_lengths"], out["decode_seconds"],
                    max(len(a) for a in out["accept_lengths"]), out["host_seconds_per_round"],
-                   list(out["budgets"]), costs)
+                   list(out.get("budgets", [])), costs)

@@ -7,12 +7,15 @@ runtime/budget_policy (the policy) and kernels/tree_build tree_probe (the probe)
   Under the drafter's probabilities it is the expected accept length (accepted nodes + the bonus token) of that
   tree. Budgets past the nodes the candidates allow get the whole sum.
 - Policy (CaDDTree's rule): each round runs at the candidate maximising (expected tokens committed per round,
-  summed over the live streams) / (round time at that stream count and budget). Expected tokens of m streams at
-  candidate c: ``m * (1 + ratio(c) * mass[c])``, where ``mass[c]`` is a running mean over rounds (newest weighted
-  SMOOTHING) of the streams' mean ``M(b_c) - 1``, and ``ratio(c)`` calibrates the drafter's over-confident
-  probabilities: running means of the observed accept length - 1 over the predicted ``M(used) - 1`` of the rounds
-  that ran at c; a candidate not yet run borrows the ratio of the nearest one run (the smaller on ties), 1 before
-  any, clamped to [0, MAX_RATIO]. Before any observation the middle candidate runs. Ties go to the smaller budget.
+  summed over the live streams) / (round time at that stream count and budget). ``mass[c]`` is a running mean over
+  rounds (newest weighted SMOOTHING) of the streams' mean ``M(b_c) - 1``. Drafter probabilities are over-confident
+  (an oracle's say nothing at all), so a candidate that has run expects ``1 + ratio(c) * mass[c]`` tokens per
+  stream, ``ratio(c)`` the running mean of its observed accept length - 1 over the running mean of its predicted
+  ``M(b_c) - 1`` (clamped to [0, MAX_RATIO]). A candidate not run yet is judged optimistically, so that it gets
+  tried: with the ratio of the largest smaller candidate run (the mass keeps growing with the budget), else with the
+  expectation of the smallest larger candidate run (an upper bound: a smaller tree is a prefix of a larger one's
+  pops and accepts no more), else with ratio 1. Before any observation the middle candidate runs; ties go to the
+  smaller budget.
 - The engine reads a round's probe and accept lengths one round late (with the finished flags it already copies),
   so round r's budget is chosen from rounds up to r - 2; ``run_rounds`` below keeps that lag.
 """
@@ -140,21 +143,24 @@ class BudgetPolicy:
             self.seen[u] = True
 
     def ratio(self, candidate: int) -> float:
-        n = len(self.candidates)
-        source = -1
-        for d in range(n):
-            if candidate - d >= 0 and self.seen[candidate - d]:
-                source = candidate - d
-            elif candidate + d < n and self.seen[candidate + d]:
-                source = candidate + d
-            if source >= 0:
-                break
-        if source < 0 or self.predicted[source] <= 1e-9:
+        """Observed over predicted extra tokens of candidate index `candidate` (1 before it ran)."""
+        if self.predicted[candidate] <= 1e-9:
             return 1.0
-        return min(max(self.observed[source] / self.predicted[source], 0.0), MAX_RATIO)
+        return min(max(self.observed[candidate] / self.predicted[candidate], 0.0), MAX_RATIO)
+
+    def expected_per_stream(self, candidate: int) -> float:
+        if self.seen[candidate]:
+            return 1.0 + self.ratio(candidate) * self.mass[candidate]
+        for below in range(candidate - 1, -1, -1):  # the largest smaller candidate run: its calibration
+            if self.seen[below]:
+                return 1.0 + self.ratio(below) * self.mass[candidate]
+        for above in range(candidate + 1, len(self.candidates)):  # the smallest larger one run bounds it
+            if self.seen[above]:
+                return self.expected_per_stream(above)
+        return 1.0 + self.mass[candidate]
 
     def expected_tokens(self, live: int, candidate: int) -> float:
-        return live * (1.0 + self.ratio(candidate) * self.mass[candidate])
+        return live * self.expected_per_stream(candidate)
 
     def choose(self, live: int) -> int:
         if not self.any:
