@@ -244,3 +244,43 @@ def test_cli_bench_takes_budget_auto(capsys) -> None:
     assert req.max_budget == 8 and BenchRequest((1,), ("auto",), (16,), (), 8).max_budget == 64
     code = main(["bench", "--budget", "8", "auto", "--streams", "1", "--context", "16", "-n", "8"])
     assert code in (0, 3)
+
+
+# ---- tools/bench_budget.py's report (its GPU runs are the lead's) ---------------------------------------------------
+
+def test_bench_budget_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+    import sys
+
+    tools = Path(__file__).resolve().parent.parent / "tools"
+    monkeypatch.syspath_prepend(str(tools))
+    spec = importlib.util.spec_from_file_location("bench_budget", tools / "bench_budget.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_budget", bench)  # its dataclass looks its module up
+    spec.loader.exec_module(bench)
+    assert len(bench.held_out_prompts(8)) == 8 and all(len(p) == bench.PROMPT for p in bench.held_out_prompts(8))
+    rows = []
+    for streams in (1, 4):
+        rows.append({"workload": "demo", "streams": streams, "profile": None, "budget": "ar",
+                     "tokens_per_s": 100.0, "mean_accept": 1.0, "budget_rounds": {}, "exact": True})
+        for budget, rate in zip(bench.FIXED + ("auto",), (150.0, 170.0, 160.0, 120.0, 175.0)):
+            rows.append({"workload": "demo", "streams": streams, "profile": None, "budget": budget,
+                         "tokens_per_s": rate / streams, "mean_accept": 2.5,
+                         "budget_rounds": {"16": 30, "8": 4} if budget == "auto" else {str(budget): 34},
+                         "exact": True})
+    summary = bench.summarize(rows)
+    assert [s["best_fixed"] for s in summary] == [16, 16]
+    assert summary[0]["auto_over_best"] == pytest.approx(175 / 170)
+    report = {"model": "test", "device": "none", "copy_bandwidth_gbs": 1.0, "prompt": 128, "new_tokens": 128,
+              "rows": rows, "summary": summary}
+    bench.write_reports(tmp_path, report)
+    text = (tmp_path / "budget.md").read_text()
+    assert "| demo | 4 | - | 100 | 38 | 42 | 40 | 30 | 16 | 44 | 1.03 | 16: 30, 8: 4 |" in text and "auto within 2% of the best fixed budget or above it in 2 of 2" in text
+    assert json.loads((tmp_path / "budget.json").read_text())["summary"] == summary
+    assert (tmp_path / "budget.png").is_file() or bench_report_has_no_matplotlib()
+
+
+def bench_report_has_no_matplotlib() -> bool:
+    from ddtree.bench.report import pyplot
+
+    return pyplot() is None
