@@ -84,7 +84,8 @@ void bind_engine(nb::module_& m) {
             for (size_t r = 0; r < rounds; ++r) {
                 const size_t rows = accepts[r].size();
                 if (skip[r].size() != rows || masses[r].size() != rows * candidates.size()) {
-                    throw nb::value_error((std::string("round ") + std::to_string(r) + ": rows x candidates masses, rows accepts").c_str());
+                    const std::string what = "round " + std::to_string(r) + ": rows x candidates masses, rows accepts";
+                    throw nb::value_error(what.c_str());
                 }
                 policy.observe(masses[r].data(), accepts[r].data(), skip[r].data(), static_cast<int>(rows), used[r]);
                 out.push_back(policy.choose(live[r]));
@@ -254,7 +255,8 @@ void bind_engine(nb::module_& m) {
             "drafter's candidates (tests and benchmarks only): at depth d the stream's `reference` continuation is "
             "a candidate with probability hit[d - 1]; an engine without a drafter then takes depth_limit and width "
             "(candidates per depth). With a drafter, width 0 is min(budget, vocab); width 1 at budget block - 1 "
-            "verifies the drafter's chain of top-1 tokens. profile: eager rounds with per-stage device time. auto_budgets "
+            "verifies the drafter's chain of top-1 tokens. profile: eager rounds with per-stage device time. "
+            "auto_budgets "
             "(ascending candidates): each round's budget chosen among them by the cost-aware policy (budget is then "
             "ignored), from the round times cost_seconds [len(cost_streams)][candidates] at cost_streams (1, ...), or "
             "measured by replays when none are given. Returns a dict: tokens "

@@ -16,7 +16,8 @@ class GenerationResult:
     """One stream's output. The first token comes from the prefill; `decode_seconds` covers the rest.
 
     `accept_lengths` holds one entry per DDTree round (empty for autoregressive decoding), `budgets` the tree budget
-    each of those rounds ran at (one value throughout for a fixed budget; chosen per round by `budget="auto"`); `text` is the decoded
+    each of those rounds ran at (one value throughout for a fixed budget; chosen per round by `budget="auto"`);
+    `text` is the decoded
     tokens when the prompt was text (None for token ids); `stage_seconds` the device time of each DDTree stage
     summed over the rounds, when the GPU engine was asked to profile (shared by the streams of one call).
     """

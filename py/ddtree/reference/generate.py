@@ -42,9 +42,9 @@ def generate(model: ReferenceModel, drafter: ReferenceDrafter | None, prompt_ids
     then holds the decoded text too. ``method`` "ar" needs no drafter; "ddtree" runs one round per tree with ``budget`` nodes (default
     block_size - 1, the reference's default; "auto": each round's budget among 8, 16, 32, 64 by the cost-aware
     policy of ``ddtree.reference.budget``, with the round time in rows, ``rows_cost``) and records each round's
-    acceptance length (accepted nodes including the root, as the reference counts it) and budget. ``draft_window`` (None: unbounded) lets the drafter attend
-    to the last ``draft_window`` committed tokens only. ``on_tokens`` is called with the tokens emitted so far
-    whenever they grow (progress displays, streamed text). At temperature > 0 each token's Gumbel noise is keyed by
+    acceptance length (accepted nodes including the root, as the reference counts it) and budget.
+    ``draft_window`` (None: unbounded) lets the drafter attend to the last ``draft_window`` committed tokens only.
+    ``on_tokens`` is called with the tokens emitted so far whenever they grow (progress displays, streamed text). At temperature > 0 each token's Gumbel noise is keyed by
     (``seed``, ``stream``, its position), as the GPU engine keys stream ``stream`` of a batch
     (``ddtree.reference.sampling``): DDTree and autoregressive decoding then draw the same tokens.
 
