@@ -183,11 +183,28 @@ struct LaneFrontier {
     }
 };
 
+// The probe's running mass on lane 0 (tree_probe): 1 + exp(score) summed in pop order, in float64, written at each
+// probe budget as the pops reach it.
+struct MassSink {
+    const ProbeBudgets* budgets;
+    float* out;  // this stream's [budgets->count]
+    double mass;
+    int next;
+
+    __device__ __forceinline__ void add(int node, double score) {
+        mass += exp(score);
+        while (next < budgets->count && budgets->budgets[next] == node) out[next++] = static_cast<float>(mass);
+    }
+    __device__ __forceinline__ void finish() {
+        while (next < budgets->count) out[next++] = static_cast<float>(mass);
+    }
+};
+
 // Warp 0: pops up to `budget` nodes into the shared node arrays; returns how many. kSlots * 32 >= budget. The
 // shared arrays are only written here (the rank tuples of tied entries read them), so a pop waits on no
-// shared-memory load.
-template <int kSlots>
-__device__ __forceinline__ int pop_nodes(const BuildSmem& m, int budget, int depth_limit) {
+// shared-memory load. With kProbe, lane 0 also adds each popped node's path probability to `sink`.
+template <int kSlots, bool kProbe = false>
+__device__ __forceinline__ int pop_nodes(const BuildSmem& m, int budget, int depth_limit, MassSink* sink = nullptr) {
     const int lane = static_cast<int>(threadIdx.x);
     LaneFrontier<kSlots> f;
 #pragma unroll
@@ -237,6 +254,9 @@ __device__ __forceinline__ int pop_nodes(const BuildSmem& m, int budget, int dep
         // Siblings pop in rank order (each is pushed when the one before it pops), so the rank-0 child is the
         // first child and every other child is the next sibling of the node that pushed it.
         const int node = ++count;
+        if constexpr (kProbe) {
+            if (lane == 0) sink->add(node, score);
+        }
         if (lane == 0) {
             m.parent[node] = static_cast<int16_t>(e.parent);
             m.rank[node] = static_cast<int16_t>(e.rank);
@@ -342,6 +362,34 @@ __global__ void __launch_bounds__(kThreads, 1) tree_build_kernel(TreeCandidates 
     if (tid == 0) tree.node_count[s] = n;
 }
 
+// The probe: the build's candidate loads and pops, then only the masses (no tree arrays).
+template <int kSlots>
+__global__ void __launch_bounds__(kThreads, 1) tree_probe_kernel(TreeCandidates in, ProbeBudgets budgets,
+                                                                 float* masses, TreeShape shape) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const BuildLayout layout(shape.budget, shape.depth_limit, in.width);
+    const BuildSmem m(smem, layout);
+    const int s = static_cast<int>(blockIdx.x), tid = static_cast<int>(threadIdx.x);
+    const int depth_limit = shape.depth_limit, top_k = layout.top_k;
+    dependent_kernel_start();
+
+    const size_t in_base = static_cast<size_t>(s) * depth_limit * in.width;
+    for (int i = tid; i < depth_limit * top_k; i += kThreads) {
+        const size_t at = in_base + static_cast<size_t>(i / top_k) * in.width + i % top_k;
+        m.lp[i] = in.log_probs[at];
+    }
+    for (int i = tid; i < layout.rows; i += kThreads) m.first[i] = m.next[i] = -1;
+    if (tid == 0) {
+        m.parent[0] = -1;
+        m.depth[0] = 0;
+    }
+    __syncthreads();
+    if (tid < 32) {
+        MassSink sink{&budgets, masses + static_cast<size_t>(s) * budgets.count, 1.0, 0};
+        pop_nodes<kSlots, true>(m, shape.budget, depth_limit, &sink);
+        if (tid == 0) sink.finish();
+    }
+}
 
 // One instantiation per frontier size: its own shared-memory opt-in, made once per device.
 template <int kSlots>
@@ -355,7 +403,39 @@ cudaError_t launch_build(const TreeCandidates& in, const TreeArrays& tree, const
                             tree, shape);
 }
 
+template <int kSlots>
+cudaError_t launch_probe(const TreeCandidates& in, const ProbeBudgets& budgets, float* masses, const TreeShape& shape,
+                         cudaStream_t stream) {
+    static std::atomic<uint64_t> opted_in{0};
+    DDTREE_RETURN_IF_ERROR(opt_in_smem(tree_probe_kernel<kSlots>,
+                                       BuildLayout(kTreeMaxBudget, kTreeMaxDepth, kTreeMaxWidth).bytes, opted_in));
+    const BuildLayout layout(shape.budget, shape.depth_limit, in.width);
+    return launch_dependent(tree_probe_kernel<kSlots>, dim3(shape.streams), dim3(kThreads), layout.bytes, stream, in,
+                            budgets, masses, shape);
+}
+
 }  // namespace
+
+cudaError_t tree_probe(const TreeCandidates& in, const ProbeBudgets& budgets, float* masses, const TreeShape& shape,
+                       cudaStream_t stream) {
+    if (!tree_shape_valid(shape) || in.width < 1 || in.width > kTreeMaxWidth || budgets.count < 1 ||
+        budgets.count > kProbeMaxBudgets || budgets.budgets[budgets.count - 1] != shape.budget) {
+        return cudaErrorInvalidValue;
+    }
+    for (int i = 0; i < budgets.count; ++i) {
+        if (budgets.budgets[i] < 1 || (i > 0 && budgets.budgets[i] <= budgets.budgets[i - 1])) {
+            return cudaErrorInvalidValue;
+        }
+    }
+    if (shape.streams == 0) return cudaSuccess;
+    const int per_lane = (shape.budget + 31) / 32;
+    if (per_lane <= 1) return launch_probe<1>(in, budgets, masses, shape, stream);
+    if (per_lane <= 2) return launch_probe<2>(in, budgets, masses, shape, stream);
+    if (per_lane <= 4) return launch_probe<4>(in, budgets, masses, shape, stream);
+    if (per_lane <= 8) return launch_probe<8>(in, budgets, masses, shape, stream);
+    if (per_lane <= 16) return launch_probe<16>(in, budgets, masses, shape, stream);
+    return launch_probe<32>(in, budgets, masses, shape, stream);
+}
 
 cudaError_t tree_build(const TreeCandidates& in, const TreeArrays& tree, const TreeShape& shape, cudaStream_t stream) {
     if (!tree_shape_valid(shape) || in.width < 1 || in.width > kTreeMaxWidth) return cudaErrorInvalidValue;

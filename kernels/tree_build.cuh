@@ -24,4 +24,19 @@ struct TreeCandidates {
 // cudaErrorInvalidValue when the shape or width is out of range.
 cudaError_t tree_build(const TreeCandidates& in, const TreeArrays& tree, const TreeShape& shape, cudaStream_t stream);
 
+// The budget probe: the expected accepted mass the best-first tree would reach at each of a few budgets, under the
+// drafter's own probabilities: for budget b, 1 + the sum of exp(path score) of the first b nodes the build pops
+// (the same pops, in the same order, as tree_build at budget shape.budget = the largest probe budget; a tree of a
+// smaller budget is the prefix of those pops). Budgets past the nodes the candidates allow get the whole sum.
+constexpr int kProbeMaxBudgets = 8;
+struct ProbeBudgets {
+    int count;                        // 1..kProbeMaxBudgets
+    int budgets[kProbeMaxBudgets];    // ascending, 1..shape.budget; the last one is shape.budget
+};
+
+// masses fp32 [shape.streams, budgets.count]. Capturable; cudaErrorInvalidValue when the shape, width or budgets
+// are out of range.
+cudaError_t tree_probe(const TreeCandidates& in, const ProbeBudgets& budgets, float* masses, const TreeShape& shape,
+                       cudaStream_t stream);
+
 }  // namespace ddtree::kernels

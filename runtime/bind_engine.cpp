@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "bindings.h"
+#include "budget_policy.h"
 #include "engine.h"
 #include "tree_rows.cuh"
 #include "tensor_args.h"
@@ -68,6 +69,34 @@ std::vector<VerifyTree> parse_trees(const std::vector<int32_t>& streams, const s
 void bind_engine_kernels(nb::module_& kernels);
 
 void bind_engine(nb::module_& m) {
+    m.def(
+        "budget_policy_choices",
+        [](const std::vector<int>& candidates, const std::vector<int>& cost_streams,
+           const std::vector<std::vector<double>>& cost_seconds, const std::vector<std::vector<float>>& masses,
+           const std::vector<std::vector<int32_t>>& accepts, const std::vector<std::vector<int32_t>>& skip,
+           const std::vector<int>& used, const std::vector<int>& live) {
+            const size_t rounds = masses.size();
+            if (accepts.size() != rounds || skip.size() != rounds || used.size() != rounds || live.size() != rounds) {
+                throw nb::value_error("masses, accepts, skip, used and live: one entry per round");
+            }
+            BudgetPolicy policy(candidates, CostTable{cost_streams, cost_seconds});
+            std::vector<int> out{policy.choose(live.empty() ? 1 : live[0])};
+            for (size_t r = 0; r < rounds; ++r) {
+                const size_t rows = accepts[r].size();
+                if (skip[r].size() != rows || masses[r].size() != rows * candidates.size()) {
+                    const std::string what = "round " + std::to_string(r) + ": rows x candidates masses, rows accepts";
+                    throw nb::value_error(what.c_str());
+                }
+                policy.observe(masses[r].data(), accepts[r].data(), skip[r].data(), static_cast<int>(rows), used[r]);
+                out.push_back(policy.choose(live[r]));
+            }
+            return out;
+        },
+        nb::arg("candidates"), nb::arg("cost_streams"), nb::arg("cost_seconds"), nb::arg("masses"),
+        nb::arg("accepts"), nb::arg("skip"), nb::arg("used"), nb::arg("live"),
+        "The auto budgets' policy (runtime/budget_policy) on the host, no device needed: its first choice for "
+        "live[0] streams, then after observing each round (masses [rows * candidates], accepts, skip flags, the "
+        "budget it ran at) its choice for live[r] streams. The CPU tests hold it to ddtree.reference.budget.");
     nb::class_<Engine>(m, "Engine", "The engine on one GPU: decode and tree verify (see ddtree.Engine)")
         .def(
             "__init__",
@@ -175,7 +204,9 @@ void bind_engine(nb::module_& m) {
             [](Engine& e, const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens, float temperature,
                uint64_t seed, int budget, const std::vector<int32_t>& stop_ids, bool profile,
                const std::optional<std::vector<std::vector<int32_t>>>& reference,
-               const std::optional<std::vector<float>>& hit, uint64_t oracle_seed, int depth_limit, int width) {
+               const std::optional<std::vector<float>>& hit, uint64_t oracle_seed, int depth_limit, int width,
+               const std::vector<int>& auto_budgets, const std::vector<int>& cost_streams,
+               const std::vector<std::vector<double>>& cost_seconds) {
                 if (reference.has_value() != hit.has_value()) {
                     throw nb::value_error("reference and hit: the oracle needs both (or neither)");
                 }
@@ -190,6 +221,8 @@ void bind_engine(nb::module_& m) {
                 r.profile = profile;
                 r.depth_limit = depth_limit;
                 r.width = width;
+                r.auto_budgets = auto_budgets;
+                r.costs = CostTable{cost_streams, cost_seconds};
                 if (reference) {
                     oracle = OracleRequest{*reference, *hit, oracle_seed};
                     r.oracle = &oracle;
@@ -207,19 +240,29 @@ void bind_engine(nb::module_& m) {
                 out["decode_seconds"] = nb::cast(g.decode_seconds);
                 out["host_seconds_per_round"] = nb::cast(g.host_seconds_per_round);
                 out["stages"] = nb::cast(g.stages);
+                out["budgets"] = nb::cast(g.budgets);
+                out["cost_streams"] = nb::cast(g.costs.streams);
+                out["cost_seconds"] = nb::cast(g.costs.seconds);
                 return out;
             },
             nb::arg("prompts"), nb::arg("max_new_tokens"), nb::arg("temperature"), nb::arg("seed"), nb::arg("budget"),
             nb::arg("stop_ids") = std::vector<int32_t>{}, nb::arg("profile") = false,
             nb::arg("reference") = nb::none(), nb::arg("hit") = nb::none(), nb::arg("oracle_seed") = 0,
-            nb::arg("depth_limit") = 0, nb::arg("width") = 0,
+            nb::arg("depth_limit") = 0, nb::arg("width") = 0, nb::arg("auto_budgets") = std::vector<int>{},
+            nb::arg("cost_streams") = std::vector<int>{},
+            nb::arg("cost_seconds") = std::vector<std::vector<double>>{},
             "DDTree generation on the GPU with the engine's drafter. With reference and hit, an oracle replaces the "
             "drafter's candidates (tests and benchmarks only): at depth d the stream's `reference` continuation is "
             "a candidate with probability hit[d - 1]; an engine without a drafter then takes depth_limit and width "
             "(candidates per depth). With a drafter, width 0 is min(budget, vocab); width 1 at budget block - 1 "
-            "verifies the drafter's chain of top-1 tokens. profile: eager rounds with per-stage device time. Returns a dict: tokens "
+            "verifies the drafter's chain of top-1 tokens. profile: eager rounds with per-stage device time. "
+            "auto_budgets "
+            "(ascending candidates): each round's budget chosen among them by the cost-aware policy (budget is then "
+            "ignored), from the round times cost_seconds [len(cost_streams)][candidates] at cost_streams (1, ...), or "
+            "measured by replays when none are given. Returns a dict: tokens "
             "[prompts][<= max_new_tokens], accept_lengths per round, rounds, prefill_seconds, decode_seconds, "
-            "host_seconds_per_round, stages [(name, seconds summed over rounds)].")
+            "host_seconds_per_round, stages [(name, seconds summed over rounds)], budgets (each round's), "
+            "cost_streams and cost_seconds (the auto budgets' table; empty otherwise).")
         .def(
             "profile_verify",
             [](Engine& e, const std::vector<int32_t>& streams, const std::vector<int32_t>& starts,

@@ -3,8 +3,10 @@
 // round calls the launchers directly.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/vector.h>
 
 #include <optional>
+#include <vector>
 #include <string>
 
 #include "bindings.h"
@@ -76,6 +78,27 @@ void tree_build(CudaArray tokens, CudaArray parents, CudaArray depths, CudaArray
     CUDA_CHECK(k::tree_build(in, tree, shape, kernel_launch_stream()));
 }
 
+// masses fp32 [streams, len(budgets)] from log_probs [streams, L, K]; budgets ascending, the last the probe's pops.
+void tree_probe(CudaArray masses, CudaArray log_probs, const std::vector<int>& budgets) {
+    same_device({&masses, &log_probs});
+    const int streams = extent(log_probs, "log_probs", 3, 0), depth_limit = extent(log_probs, "log_probs", 3, 1);
+    const int width = extent(log_probs, "log_probs", 3, 2);
+    check_range("top-K width (log_probs.shape[2])", width, 1, k::kTreeMaxWidth);
+    check_range("len(budgets)", static_cast<int>(budgets.size()), 1, k::kProbeMaxBudgets);
+    k::ProbeBudgets list{static_cast<int>(budgets.size()), {}};
+    for (size_t i = 0; i < budgets.size(); ++i) {
+        check_range("budgets", budgets[i], i == 0 ? 1 : budgets[i - 1] + 1, k::kTreeMaxBudget);
+        list.budgets[i] = budgets[i];
+    }
+    const k::TreeShape shape = tree_shape(streams, budgets.back(), depth_limit);
+    const int64_t s = streams;
+    const k::TreeCandidates in{checked<const float>(log_probs, "log_probs", DType::f32, {s, depth_limit, width}),
+                               nullptr, width, nullptr, nullptr};
+    CUDA_CHECK(k::tree_probe(in, list,
+                             checked<float>(masses, "masses", DType::f32, {s, static_cast<int64_t>(budgets.size())}),
+                             shape, kernel_launch_stream()));
+}
+
 void tree_accept(CudaArray accepted, CudaArray accept_len, CudaArray next_bonus, CudaArray tokens,
                  CudaArray first_child, CudaArray next_sibling, CudaArray node_count, CudaArray choice) {
     same_device({&accepted, &accept_len, &next_bonus, &tokens, &first_child, &next_sibling, &node_count, &choice});
@@ -137,6 +160,9 @@ void bind_tree(nb::module_& m) {
                 nb::arg("start"), nb::arg("bonus"), nb::arg("budget"),
                 "DDTree of every stream from per-depth top-K log_probs/token_ids [streams, L, K], as "
                 "ddtree.reference.tree.build_tree; node arrays [streams, budget + 1], pad -1.");
+    kernels.def("tree_probe", &tree_probe, nb::arg("masses"), nb::arg("log_probs"), nb::arg("budgets"),
+                "The auto budgets' probe: masses[s, i] = 1 + the sum of exp(path score) of the first budgets[i] nodes "
+                "the tree build pops at budget budgets[-1] (ddtree.reference.budget.probe_masses).");
     kernels.def("tree_accept", &tree_accept, nb::arg("accepted"), nb::arg("accept_len"), nb::arg("next_bonus"),
                 nb::arg("tokens"), nb::arg("first_child"), nb::arg("next_sibling"), nb::arg("node_count"),
                 nb::arg("choice"), "Bounded accept walk of every stream's tree, as ddtree.reference.tree.accept_walk.");

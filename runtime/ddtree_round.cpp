@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -28,6 +29,18 @@ static_assert(k::kTopkMax >= k::kTreeMaxBudget, "the drafter's top-k covers ever
 
 // Ints of one stream's pinned output: history row, accept-log row, count, rounds.
 size_t output_ints(int history_ld) { return 2 * static_cast<size_t>(history_ld) + 2; }
+
+// The pinned words behind the outputs: [2][streams] finished flags, [2][streams] accept lengths, [2][streams][P]
+// probe masses.
+size_t round_copy_words(int streams) { return 2 * static_cast<size_t>(streams) * (2 + k::kProbeMaxBudgets); }
+
+// The stream counts whose round times the auto budgets measure: 1, 2, 4, ... below n, and n.
+std::vector<int> measured_streams(int n) {
+    std::vector<int> out;
+    for (int m = 1; m < n; m *= 2) out.push_back(m);
+    out.push_back(n);
+    return out;
+}
 
 }  // namespace
 
@@ -64,6 +77,7 @@ DdtreeRound::State DdtreeRound::State::lay_out(int streams, int budget, int hist
     s.accepted = i32(n * paths);
     s.accept_len = i32(n);
     s.next_bonus = i32(n);
+    s.probe = arena.take<float>(n * k::kProbeMaxBudgets);
     s.history = i32(n * history_ld);
     s.accept_log = i32(n * history_ld);
     s.reference = i32(n * history_ld);
@@ -100,7 +114,7 @@ DdtreeRound::DdtreeRound(TargetModel& model, const LatentCache& cache, ArDecoder
               reinterpret_cast<const unsigned long long*>(state_.oracle_scalars + kOracleSeedAt),
               model_.dims().vocab} {
     const int n = cache_.streams();
-    CUDA_CHECK(cudaMallocHost(&pinned_, (n * output_ints(state_.history_ld) + 2 * static_cast<size_t>(n)) * 4));
+    CUDA_CHECK(cudaMallocHost(&pinned_, (n * output_ints(state_.history_ld) + round_copy_words(n)) * 4));
     if (has_drafter()) {
         // Fixed tables: tap row i is verify (or prefill) row i; block row s * B + 1 + d has the logits of depth d + 1.
         const int block = drafter_.model->dims().block;
@@ -144,6 +158,19 @@ void DdtreeRound::record_round(const RoundKey& key, OpTimeline* timeline) {
     stage("tree_build", [&] {
         CUDA_CHECK(k::tree_build({st.log_probs, st.token_ids, width, st.start, st.bonus}, st.tree, shape, s));
     });
+    if (key.probe[0] != 0) {
+        // The auto budgets' probe: the masses the same candidates reach at each candidate budget.
+        k::ProbeBudgets budgets{0, {}};
+        while (budgets.count < k::kProbeMaxBudgets && key.probe[budgets.count] != 0) {
+            budgets.budgets[budgets.count] = key.probe[budgets.count];
+            ++budgets.count;
+        }
+        const k::TreeShape probe_shape{n, budgets.budgets[budgets.count - 1], key.depth_limit};
+        stage("probe", [&] {
+            CUDA_CHECK(k::tree_probe({st.log_probs, st.token_ids, width, st.start, st.bonus}, budgets, st.probe,
+                                     probe_shape, s));
+        });
+    }
     RowBatch verify = st.rows;
     verify.key_stride = key.depth_limit + 1;  // the ancestors' stride at this depth limit
     stage("verify_rows", [&] {
@@ -184,23 +211,45 @@ void DdtreeRound::record_round(const RoundKey& key, OpTimeline* timeline) {
     }
 }
 
-void DdtreeRound::check(const RoundRequest& r, int depth_limit, int width) const {
+void DdtreeRound::check(const RoundRequest& r, int budget, int depth_limit, int width) const {
     const int n = static_cast<int>(r.prompts.size());
     const int vocab = model_.dims().vocab;
     if (r.oracle == nullptr && !has_drafter()) {
         throw std::invalid_argument("the engine has no drafter: DDTree needs one (or an oracle)");
     }
-    if (r.budget < 1 || r.budget > max_budget_) {
+    const std::vector<int>& autos = r.auto_budgets;
+    if (static_cast<int>(autos.size()) > k::kProbeMaxBudgets) {
+        throw std::invalid_argument("auto budgets: at most " + std::to_string(k::kProbeMaxBudgets) + " candidates");
+    }
+    for (size_t i = 0; i < autos.size(); ++i) {
+        if (autos[i] < 1 || autos[i] > max_budget_ || (i > 0 && autos[i] <= autos[i - 1])) {
+            throw std::invalid_argument("auto budgets must ascend within 1.." + std::to_string(max_budget_) +
+                                        " (the engine's budget), got " + std::to_string(autos[i]));
+        }
+    }
+    const CostTable& costs = r.costs;
+    if (!costs.streams.empty()) {
+        bool ok = !autos.empty() && costs.streams[0] == 1 && costs.seconds.size() == costs.streams.size();
+        for (size_t i = 0; ok && i < costs.streams.size(); ++i) {
+            ok = (i == 0 || costs.streams[i] > costs.streams[i - 1]) && costs.seconds[i].size() == autos.size() &&
+                 std::all_of(costs.seconds[i].begin(), costs.seconds[i].end(), [](double t) { return t > 0.0; });
+        }
+        if (!ok) {
+            throw std::invalid_argument("costs: auto budgets' round seconds, one positive value per candidate at "
+                                        "ascending stream counts starting at 1");
+        }
+    }
+    if (budget < 1 || budget > max_budget_) {
         throw std::invalid_argument("budget must be in 1.." + std::to_string(max_budget_) + " (the engine's), got " +
-                                    std::to_string(r.budget));
+                                    std::to_string(budget));
     }
     if (depth_limit < 1 || depth_limit > k::kTreeMaxDepth) {
         throw std::invalid_argument("depth_limit must be in 1.." + std::to_string(k::kTreeMaxDepth) + ", got " +
                                     std::to_string(depth_limit));
     }
-    if (width < 1 || width > r.budget || width > vocab || (r.oracle != nullptr && width >= vocab)) {
+    if (width < 1 || width > budget || width > vocab || (r.oracle != nullptr && width >= vocab)) {
         throw std::invalid_argument("width: the oracle's candidates per depth must be 1..budget (" +
-                                    std::to_string(r.budget) + ") and below the vocabulary");
+                                    std::to_string(budget) + ") and below the vocabulary");
     }
     if (static_cast<int>(r.stop_ids.size()) > k::kRoundMaxStopIds) {
         throw std::invalid_argument("stop_token_ids: at most " + std::to_string(k::kRoundMaxStopIds) + " ids, got " +
@@ -339,14 +388,13 @@ void DdtreeRound::compact(const std::vector<int>& keep) {
 TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
     const int n = static_cast<int>(r.prompts.size());
     const int vocab = model_.dims().vocab;
+    const bool automatic = !r.auto_budgets.empty();
+    const int top = automatic ? r.auto_budgets.back() : r.budget;  // the largest tree of the generation
     const int depth_limit = has_drafter() ? drafter_.model->dims().block - 1 : r.depth_limit;
-    const int width = has_drafter() && r.width == 0 ? std::min(r.budget, vocab) : r.width;
-    check(r, depth_limit, width);
+    const int width = has_drafter() && r.width == 0 ? std::min(top, vocab) : r.width;
+    check(r, top, depth_limit, width);
     check_generation_length(r.prompts, r.max_new_tokens, cache_.max_context());
     cudaStream_t s = model_.stream();
-    PhaseClock clock(s);  // start, prefilled, decoded
-    start_streams(r);
-    clock.mark();
     // Every node of every round stays within max prompt + max_new_tokens - 1 + depth_limit keys (a finished stream
     // no longer moves); the drafter's context is at most as long, and bounded by its cache.
     int longest = 0;
@@ -354,17 +402,44 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
     const int keys = longest + r.max_new_tokens + depth_limit;
     const int span = cache_.attention_span(keys);
     const int draft_span = has_drafter() ? std::min(keys, drafter_.model->cache().capacity()) : 0;
+    ProbeList probe{};
+    std::copy(r.auto_budgets.begin(), r.auto_budgets.end(), probe.begin());
+    const RoundKey base{n, top, depth_limit, width, span, draft_span, r.oracle != nullptr, probe};
+
+    // Auto budgets: the round times (given, or measured once per key by replays from the request's own prefill,
+    // before the timed phases), then the policy that picks each round's budget.
+    std::optional<BudgetPolicy> policy;
+    if (automatic) {
+        CostTable costs = r.costs;
+        if (costs.streams.empty()) {
+            start_streams(r);
+            costs = measure_costs(r, base);
+            model_.clear_nonfinite();  // the replays' probe rows are no generation's
+        }
+        policy.emplace(r.auto_budgets, std::move(costs));
+    }
+    PhaseClock clock(s);  // start, prefilled, decoded
+    start_streams(r);
+    clock.mark();
 
     // slot -> stream; one round stays queued ahead of the host: after launching round r the host reads round
-    // r - 1's finished flags (copied to pinned memory behind it), saves and drops the streams that finished, and
-    // stops once every stream has. A round commits at least one token of every live stream, so max_new_tokens
-    // rounds finish them all.
+    // r - 1's finished flags (copied to pinned memory behind it, with its accept lengths and probe masses under
+    // auto budgets), saves and drops the streams that finished, picks the next round's budget, and stops once every
+    // stream has. A round commits at least one token of every live stream, so max_new_tokens rounds finish them all.
     std::vector<int> slots(n), keep, live;  // slot -> stream; the slots and streams a compaction keeps
     for (int i = 0; i < n; ++i) slots[i] = i;
     keep.reserve(n);
     live.reserve(n);
     std::vector<std::vector<int>> flagged_slots(2);  // the slot map each pinned flag copy was taken under
+    for (auto& map : flagged_slots) map.reserve(n);
     int32_t* flags = pinned_ + n * output_ints(state_.history_ld);
+    int32_t* accepts = flags + 2 * n;
+    float* masses = reinterpret_cast<float*>(accepts + 2 * n);
+    const int probe_width = static_cast<int>(r.auto_budgets.size());
+    int budget = automatic ? policy->choose(n) : r.budget;
+    int flagged_budget[2] = {budget, budget};  // the budget of the round each copy was taken behind
+    std::vector<int32_t> budgets;
+    budgets.reserve(r.max_new_tokens + 2);
     int rounds = 0, replays = 0;
     double host_seconds = 0.0;
     std::map<std::string, double> stage_seconds;
@@ -375,6 +450,10 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
     auto read_flags = [&](int parity) {
         CUDA_CHECK(cudaEventSynchronize(copied[parity]));
         const std::vector<int>& map = flagged_slots[parity];
+        if (automatic) {
+            policy->observe(masses + static_cast<size_t>(parity) * n * probe_width, accepts + parity * n,
+                            flags + parity * n, static_cast<int>(map.size()), flagged_budget[parity]);
+        }
         keep.clear();
         live.clear();
         for (int i = 0; i < static_cast<int>(slots.size()); ++i) {
@@ -386,25 +465,30 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
                 live.push_back(slots[i]);
             }
         }
-        if (live.size() == slots.size()) return;
-        if (!keep.empty()) compact(keep);
-        slots.swap(live);
+        if (live.size() != slots.size()) {
+            if (!keep.empty()) compact(keep);
+            slots.swap(live);
+        }
+        if (automatic && !slots.empty()) budget = policy->choose(static_cast<int>(slots.size()));
     };
     if (r.max_new_tokens <= 1) {  // the prefill's token is all: no round
         for (int i = 0; i < n; ++i) save_slot(i, i);
         slots.clear();
     }
-    cudaGraphExec_t graph = nullptr;  // the graph of slots.size() streams, looked up when that changes
-    int graph_streams = 0;
+    cudaGraphExec_t graph = nullptr;  // the graph of (slots.size(), budget), looked up when either changes
+    int graph_streams = 0, graph_budget = 0;
     std::string graph_label = "round (eager)";  // its NVTX range
     try {
         while (!slots.empty() && rounds <= r.max_new_tokens + 1) {
             const int m = static_cast<int>(slots.size());
-            const RoundKey key{m, r.budget, depth_limit, width, span, draft_span, r.oracle != nullptr};
+            RoundKey key = base;
+            key.streams = m;
+            key.budget = budget;
             const int parity = rounds % 2;
-            if (!r.profile && m != graph_streams) {
+            if (!r.profile && (m != graph_streams || budget != graph_budget)) {
                 graph = graphs_.get(key, s, [&] { record_round(key, nullptr); });
                 graph_streams = m;
+                graph_budget = budget;
                 graph_label = graph_name(key);
             }
             const auto begin = std::chrono::steady_clock::now();
@@ -419,12 +503,19 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
                 CUDA_CHECK(cudaGraphLaunch(graph, s));
             }
             CUDA_CHECK(cudaMemcpyAsync(flags + parity * n, state_.finished, m * 4, cudaMemcpyDeviceToHost, s));
+            if (automatic) {
+                CUDA_CHECK(cudaMemcpyAsync(accepts + parity * n, state_.accept_len, m * 4, cudaMemcpyDeviceToHost, s));
+                CUDA_CHECK(cudaMemcpyAsync(masses + static_cast<size_t>(parity) * n * probe_width, state_.probe,
+                                           static_cast<size_t>(m) * probe_width * 4, cudaMemcpyDeviceToHost, s));
+            }
             CUDA_CHECK(cudaEventRecord(copied[parity], s));
             if (!r.profile) {
                 host_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
                 ++replays;
             }
             flagged_slots[parity] = slots;
+            flagged_budget[parity] = budget;
+            budgets.push_back(budget);
             ++rounds;
             if (r.profile) {
                 read_flags(parity);
@@ -455,23 +546,62 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
     out.prefill_seconds = clock.seconds(0, 1);
     out.decode_seconds = clock.seconds(1, 2);
     out.host_seconds_per_round = replays > 0 ? host_seconds / replays : 0.0;
+    out.budgets = std::move(budgets);
+    if (policy) out.costs = policy->costs();
     for (auto& [name, sec] : stage_seconds) out.stages.emplace_back(name, sec);
     return out;
 }
 
 std::string DdtreeRound::graph_name(const RoundKey& key) {
+    std::string probe;
+    for (int i = 0; i < k::kProbeMaxBudgets && key.probe[i] != 0; ++i) {
+        probe += (i == 0 ? " probe=" : ",") + std::to_string(key.probe[i]);
+    }
     return "round streams=" + std::to_string(key.streams) + " budget=" + std::to_string(key.budget) +
            " depth=" + std::to_string(key.depth_limit) + " width=" + std::to_string(key.width) +
            " span=" + std::to_string(key.span) + " draft_span=" + std::to_string(key.draft_span) +
-           (key.oracle ? " oracle" : "");
+           (key.oracle ? " oracle" : "") + probe;
 }
 
 std::vector<CapturedGraph> DdtreeRound::graphs() const { return list_graphs(graphs_, graph_name); }
+
+CostTable DdtreeRound::measure_costs(const RoundRequest& r, const RoundKey& base) {
+    CostTable table;
+    table.streams = measured_streams(static_cast<int>(r.prompts.size()));
+    for (const int m : table.streams) {
+        std::vector<double> row;
+        for (const int budget : r.auto_budgets) {
+            RoundKey key = base;
+            key.streams = m;
+            key.budget = budget;
+            auto found = costs_.find(key);
+            if (found == costs_.end()) found = costs_.emplace(key, time_round(key)).first;
+            row.push_back(found->second);
+        }
+        table.seconds.push_back(std::move(row));
+    }
+    return table;
+}
+
+double DdtreeRound::time_round(const RoundKey& key) {
+    const cudaGraphExec_t exec = graphs_.get(key, model_.stream(), [&] { record_round(key, nullptr); });
+    std::vector<double> seconds;
+    replay_key(key, exec, 3, true, &seconds);
+    std::sort(seconds.begin(), seconds.end());
+    return seconds[seconds.size() / 2];
+}
 
 bool DdtreeRound::replay(const std::string& name, int n, bool warmup, std::vector<double>* seconds) {
     const auto found = find_graph(graphs_, name, graph_name);
     if (!found) return false;
     const auto [key, exec] = *found;
+    replay_key(key, exec, n, warmup, seconds);
+    return true;
+}
+
+void DdtreeRound::replay_key(const RoundKey& key, cudaGraphExec_t exec, int n, bool warmup,
+                             std::vector<double>* seconds) {
+    const std::string name = graph_name(key);
     // The committed length every replay starts at: its nodes' keys (start + depth + 1) within the attention span,
     // the drafter's context within its span (keys of the generation, when below the drafter cache's capacity) and
     // every position within max_context.
@@ -511,7 +641,6 @@ bool DdtreeRound::replay(const std::string& name, int n, bool warmup, std::vecto
                             {state_.limits, limits.size() * 4}},
                            s);
     *seconds = time_replays(exec, s, n, warmup, saved);
-    return true;
 }
 
 }  // namespace ddtree

@@ -13,13 +13,16 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "ar_decoder.h"
+#include "budget_policy.h"
 #include "device_arena.h"
 #include "drafter_model.h"
 #include "graph_cache.h"
@@ -28,6 +31,7 @@
 #include "oracle_draft.cuh"
 #include "row_batch.h"
 #include "target_model.h"
+#include "tree_build.cuh"
 #include "tree_layout.cuh"
 
 namespace ddtree {
@@ -41,6 +45,8 @@ struct TreeGeneration {
     int rounds = 0;  // rounds launched (every stream's rounds, and up to two more that changed nothing)
     double prefill_seconds = 0.0, decode_seconds = 0.0;
     double host_seconds_per_round = 0.0;  // host time of a replayed round's launch and copies
+    std::vector<int32_t> budgets;  // the budget of each launched round (stream i's round j ran at budgets[j])
+    CostTable costs;               // with auto budgets: the round times the policy chose by
     std::vector<std::pair<std::string, double>> stages;  // device seconds per stage summed over rounds (profile)
 };
 
@@ -56,7 +62,13 @@ struct RoundRequest {
     int max_new_tokens = 0;
     float temperature = 0.f;
     uint64_t seed = 0;
-    int budget = 0;                  // nodes below the root, 1..the engine's
+    int budget = 0;                  // nodes below the root, 1..the engine's (ignored with auto_budgets)
+    // Auto budgets (BudgetPolicy): each round's budget among these candidates (ascending, 1..the engine's, at most
+    // kernels::kProbeMaxBudgets), from the round's probe and the round times of `costs`; with no costs given
+    // (costs.streams empty), each (stream count, candidate) round graph is timed once by replays before the first
+    // generation that needs it.
+    std::vector<int> auto_budgets;
+    CostTable costs;
     std::vector<int32_t> stop_ids;   // at most kernels::kRoundMaxStopIds
     const OracleRequest* oracle = nullptr;
     // Without a drafter (oracle only): the tree depth limit and the oracle's candidates per depth. With one the
@@ -83,6 +95,7 @@ class DdtreeRound {
         float* log_probs;
         int32_t* token_ids;
         int32_t *accepted, *accept_len, *next_bonus;
+        float* probe;  // [streams][kernels::kProbeMaxBudgets]: the budget probe's masses (auto budgets)
         int32_t *history, *accept_log, *reference;  // [streams][history_ld]: tokens, accept lengths, oracle
         float* oracle_scalars;  // the hit profile [kTreeMaxDepth], then the oracle's seed and continuation length
         RowBatch rows;
@@ -123,16 +136,18 @@ class DdtreeRound {
     bool replay(const std::string& name, int n, bool warmup, std::vector<double>* seconds);
 
   private:
+    using ProbeList = std::array<int, kernels::kProbeMaxBudgets>;  // the probe's budgets, zero-padded; all 0: none
     struct RoundKey {
         int streams, budget, depth_limit, width, span, draft_span;
         bool oracle;
+        ProbeList probe;
         bool operator<(const RoundKey& o) const {
-            return std::tie(streams, budget, depth_limit, width, span, draft_span, oracle) <
-                   std::tie(o.streams, o.budget, o.depth_limit, o.width, o.span, o.draft_span, o.oracle);
+            return std::tie(streams, budget, depth_limit, width, span, draft_span, oracle, probe) <
+                   std::tie(o.streams, o.budget, o.depth_limit, o.width, o.span, o.draft_span, o.oracle, o.probe);
         }
     };
     static std::string graph_name(const RoundKey& key);
-    void check(const RoundRequest& request, int depth_limit, int width) const;
+    void check(const RoundRequest& request, int budget, int depth_limit, int width) const;
     // The round's per-stream state for the request (prefill included) on the device.
     void start_streams(const RoundRequest& request);
     void record_round(const RoundKey& key, OpTimeline* timeline);
@@ -140,6 +155,14 @@ class DdtreeRound {
     void compact(const std::vector<int>& keep);
     // Copies slot `slot`'s history, accept log, count and rounds to stream `stream`'s pinned output.
     void save_slot(int slot, int stream);
+    // Device seconds of a replay of `key`'s graph (captured if needed), from replay's starting state: the median of
+    // 3 after a warm-up.
+    double time_round(const RoundKey& key);
+    // replay() of a known key and graph.
+    void replay_key(const RoundKey& key, cudaGraphExec_t exec, int n, bool warmup, std::vector<double>* seconds);
+    // The auto budgets' cost table for the request's keys: measured round times (each timed once per key, kept in
+    // costs_ across generations; the streams' state is the request's prefill, which the caller then redoes).
+    CostTable measure_costs(const RoundRequest& request, const RoundKey& base);
 
     TargetModel& model_;
     const LatentCache& cache_;
@@ -149,7 +172,10 @@ class DdtreeRound {
     RoundDrafter drafter_;
     kernels::OracleDraft oracle_;  // reads the request's continuation and profile from state_
     GraphCache<RoundKey> graphs_;
-    int32_t* pinned_ = nullptr;  // [streams][2 * history_ld + 2] outputs, then [2][streams] finished flags
+    std::map<RoundKey, double> costs_;  // measured seconds per round graph key (auto budgets)
+    // [streams][2 * history_ld + 2] outputs, then [2][streams] finished flags, [2][streams] accept lengths and
+    // [2][streams][kProbeMaxBudgets] probe masses (floats)
+    int32_t* pinned_ = nullptr;
 };
 
 }  // namespace ddtree

@@ -141,8 +141,9 @@ def test_nan_norm_weights_name_the_stream_and_position(capsys, model_copy) -> No
 @pytest.mark.parametrize("argv,needles", [
     (["-n", "abc"], ["argument -n/--max-new-tokens: must be a positive integer, got 'abc'"]),
     (["-n", "0"], ["must be a positive integer, got '0'"]),
-    (["--budget", "x", "--method", "ddtree"], ["argument --budget: must be a positive integer, got 'x'"]),
-    (["--budget", "9" * 5000, "--method", "ddtree"], ["argument --budget: must be a positive integer, got '999"]),
+    (["--budget", "x", "--method", "ddtree"], ["argument --budget: must be a positive integer or 'auto', got 'x'"]),
+    (["--budget", "9" * 5000, "--method", "ddtree"],
+     ["argument --budget: must be a positive integer or 'auto', got '999"]),
     (["--budget", "9" * 500, "--method", "ddtree"], ["--budget 999", "is more than the maximum tree budget 1024"]),
     (["--prompt-ids", "1" * 5000], ["argument --prompt-ids: must be comma-separated token ids"]),
     (["--prompt", "hello"], ["argument --prompt: not allowed with argument --prompt-ids"]),

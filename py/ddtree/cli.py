@@ -27,7 +27,7 @@ from ddtree.errors import DDTreeError, DeviceError, NonFiniteError, RequestError
 from ddtree.estimate.gpus import GPUS as GPU_PRESETS
 from ddtree.generation_view import OnTokens, Run, progress_display, show_results
 from ddtree.limits import MAX_TREE_BUDGET
-from ddtree.request import ArgumentNames, check_request, check_seed, check_stop_ids
+from ddtree.request import AUTO, AUTO_MAX_BUDGET, ArgumentNames, check_request, check_seed, check_stop_ids
 from ddtree.results import GenerationResult, with_text
 from ddtree.tokenizer import encode_prompts
 
@@ -57,6 +57,16 @@ def _positive(text: str) -> int:
     value = int(text) if DECIMAL.fullmatch(text) else 0
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r:.40}")
+    return value
+
+
+def _budget(text: str) -> int | str:
+    """A tree budget: a positive integer, or 'auto' (the cost-aware budget per round)."""
+    if text.strip() == AUTO:
+        return AUTO
+    value = int(text) if DECIMAL.fullmatch(text) else 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or 'auto', got {text!r:.40}")
     return value
 
 
@@ -141,8 +151,9 @@ def _parser() -> argparse.ArgumentParser:
                           "(ddtree-run info says which it picks)")
     gen.add_argument("--method", choices=("ar", "ddtree"), default="ar",
                      help="autoregressive decoding, or DDTree speculative decoding with the drafter")
-    gen.add_argument("--budget", type=_positive, default=None,
-                     help=f"DDTree node budget, at most {MAX_TREE_BUDGET} (default block_size - 1)")
+    gen.add_argument("--budget", type=_budget, default=None,
+                     help=f"DDTree node budget, at most {MAX_TREE_BUDGET} (default block_size - 1), or 'auto': each "
+                          "round's budget among 8, 16, 32, 64, chosen for the most expected tokens per second")
     gen.add_argument("--drafter", type=Path, default=None,
                      help=f"drafter checkpoint directory (default: MODEL/{DRAFTER_SUBDIR})")
     gen.add_argument("--stages", action="store_true",
@@ -199,8 +210,9 @@ def _parser() -> argparse.ArgumentParser:
                                   "  ddtree-run bench --preset k2-layers --layers 4 --streams 1 16 --budget 8 32 "
                                   "--accept 2 4 6 --out bench-k2")
     bench.add_argument("--streams", type=_positive, nargs="+", default=[1, 4], metavar="N", help="stream counts")
-    bench.add_argument("--budget", type=_positive, nargs="+", default=[8, 16, 32], metavar="B",
-                       help="DDTree node budgets")
+    bench.add_argument("--budget", type=_budget, nargs="+", default=[8, 16, 32], metavar="B",
+                       help="DDTree node budgets; 'auto' adds rows of the cost-aware budget per round (among the "
+                            "powers of two from 8 up to the largest budget given, 64 when none is)")
     bench.add_argument("--context", type=_positive, nargs="+", default=[128, 512], metavar="L",
                        help="prompt tokens per stream")
     bench.add_argument("-n", "--max-new-tokens", type=_positive, default=64, help="tokens decoded per stream")
@@ -375,10 +387,13 @@ def _engine_generate(args: argparse.Namespace, model_dir: Path, prompts: list[Se
     from ddtree.engine import Engine
 
     drafter_dir = _drafter_dir(args, model_dir) if args.method == "ddtree" else None
+    auto = args.budget == AUTO
     engine = Engine(model_dir, drafter_dir=drafter_dir, streams=len(prompts),
-                    max_context=max(map(len, prompts)) + args.max_new_tokens, budget=args.budget)
+                    max_context=max(map(len, prompts)) + args.max_new_tokens,
+                    budget=AUTO_MAX_BUDGET if auto else args.budget)
     results = engine.generate(prompts, args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                              method=args.method, stop_token_ids=stops, profile=args.stages)
+                              method=args.method, stop_token_ids=stops, profile=args.stages,
+                              **({"budget": AUTO} if auto else {}))
     for i, result in enumerate(results):
         on_tokens(i, result.tokens)
     return results

@@ -22,7 +22,8 @@ from ddtree.config import LORA_NORM_EPS, ModelConfig
 from ddtree.drafter import DrafterConfig, open_drafter
 from ddtree.errors import NonFiniteError, RequestError, check_token_ids
 from ddtree.limits import MAX_STOP_IDS, MAX_TREE_BUDGET
-from ddtree.request import METHODS, check_seed, check_stop_ids
+from ddtree.reference.budget import CostTable, check_candidates, default_candidates
+from ddtree.request import AUTO, METHODS, check_seed, check_stop_ids
 from ddtree.reference.rope import Rope
 from ddtree.results import GenerationResult, cut_at_stop, with_text
 from ddtree.tokenizer import encode_prompts
@@ -168,6 +169,8 @@ class Engine:
     that many context rows per stream (None: all).
     """
 
+    last_costs: CostTable | None = None  # the round times the last budget="auto" generate chose by
+
     def __init__(self, model_dir: str | Path, drafter_dir: str | Path | None = None, streams: int = 1,
                  max_context: int = 4096, budget: int | None = None, device: int = 0,
                  draft_window: int | None = None) -> None:
@@ -276,7 +279,9 @@ class Engine:
 
     def generate(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
                  seed: int = 0, method: str | None = None, stop_token_ids: Sequence[int] | None = None,
-                 budget: int | None = None, profile: bool = False) -> list[GenerationResult]:
+                 budget: int | str | None = None, profile: bool = False,
+                 auto_budgets: Sequence[int] | None = None,
+                 budget_costs: CostTable | None = None) -> list[GenerationResult]:
         """Generate up to max_new_tokens tokens for each prompt (one stream each, all decoded together): fewer when a
         stop token comes (it is kept; default stop tokens: the config's eos ids, () for none). A prompt may be text,
         encoded with the checkpoint's tokenizer; its result then holds the decoded text too.
@@ -285,6 +290,14 @@ class Engine:
         temperature 0 is greedy (lowest id on ties); > 0 samples with a seeded Gumbel-max per (stream, position),
         the same in both methods, so DDTree's tokens equal AR's bit for bit. profile: DDTree rounds run eagerly with
         each stage timed (GenerationResult.stage_seconds, summed over the rounds).
+
+        budget="auto": each round's budget is chosen on the fly among `auto_budgets` (default: the powers of two
+        from 8 below the engine's budget, and the engine's budget) by the cost-aware policy of
+        ddtree.reference.budget: the largest (expected tokens of the live streams per round, from the round's probe
+        of the tree's path probabilities calibrated by the accept lengths seen) / (round time). Round times come
+        from `budget_costs` (a ddtree.reference.budget.CostTable) or, by default, from replays of each (stream
+        count, candidate) round graph, timed once per engine and attention span before the generation that first
+        needs them. GenerationResult.budgets holds each round's budget.
         """
         method = method if method is not None else ("ddtree" if self.drafter_config is not None else "ar")
         if method not in METHODS:
@@ -294,9 +307,22 @@ class Engine:
                                    self.config.vocab_size)
         seed = check_seed(seed)
         stops = self._stop_ids(stop_token_ids)
+        autos: tuple[int, ...] = ()
+        if budget == AUTO:
+            if self.budget < 1:
+                raise RequestError("budget 'auto' needs an engine budget of at least 1")
+            try:
+                autos = default_candidates(self.budget) if auto_budgets is None else \
+                    check_candidates(auto_budgets, self.budget)
+            except (TypeError, ValueError) as err:
+                raise RequestError(f"auto_budgets: {err}") from None
+            budget = autos[-1]
+        elif auto_budgets is not None or budget_costs is not None:
+            raise RequestError("auto_budgets and budget_costs apply to budget='auto' only")
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
                                    or not 1 <= budget <= self.budget):
-            raise RequestError(f"budget must be an integer in 1..{self.budget} (the engine's), got {budget!r}")
+            raise RequestError(f"budget must be an integer in 1..{self.budget} (the engine's) or 'auto', got "
+                               f"{budget!r}")
         budget = self.budget if budget is None else budget
         if method == "ar":
             tokens, prefill_seconds, decode_seconds = _native_call(self._native.generate, checked, max_new_tokens,
@@ -306,12 +332,16 @@ class Engine:
             return [with_text(r, tokenizer) for r in results]
         if self.drafter_config is None:
             raise RequestError("method 'ddtree' needs a drafter: create the Engine with drafter_dir")
+        costs = {} if budget_costs is None else {"cost_streams": list(budget_costs.streams),
+                                                 "cost_seconds": [list(r) for r in budget_costs.seconds]}
         out = _native_call(self._native.generate_ddtree, checked, max_new_tokens, float(temperature), seed, budget,
-                           stops, bool(profile))
+                           stops, bool(profile), auto_budgets=list(autos), **costs)
         stages = dict(out["stages"])
+        self.last_costs = CostTable(tuple(out["cost_streams"]), tuple(map(tuple, out["cost_seconds"]))) \
+            if autos else None
         results = [GenerationResult(tokens=cut_at_stop(list(t), stops)[0], prefill_seconds=out["prefill_seconds"],
                                     decode_seconds=out["decode_seconds"], accept_lengths=list(a),
-                                    stage_seconds=stages)
+                                    stage_seconds=stages, budgets=list(out["budgets"][:len(a)]))
                    for t, a in zip(out["tokens"], out["accept_lengths"])]
         return [with_text(r, tokenizer) for r in results]
 

@@ -92,6 +92,8 @@ def show_results(run: Run, results: Sequence[GenerationResult], console: Console
         if result.accept_lengths:
             line += (f", {len(result.accept_lengths)} rounds, mean acceptance length {_mean_acceptance(result):.2f}; "
                      f"acceptance length per round: {' '.join(map(str, result.accept_lengths))}")
+            if len(set(result.budgets)) > 1:  # budget "auto" chose among several
+                line += f"; budget per round: {' '.join(map(str, result.budgets))}"
         console.out(line, highlight=False)
     if results and results[0].stage_seconds:
         stages = results[0].stage_seconds
@@ -118,6 +120,8 @@ def _json(run: Run, results: Sequence[GenerationResult]) -> dict[str, object]:
                                      "decode_seconds": result.decode_seconds,
                                      "tokens_per_second": result.tokens_per_second,
                                      "accept_lengths": result.accept_lengths}
+        if result.budgets:
+            stream["budgets"] = result.budgets
         if run.prompt_texts is not None:
             stream.update(prompt=run.prompt_texts[i], text=result.text)
         streams.append(stream)

@@ -19,6 +19,9 @@ from ddtree.errors import RequestError, check_token_ids
 from ddtree.limits import MAX_TREE_BUDGET, SEED_LIMIT, positions_needed, reference_verify_bytes
 
 METHODS = ("ar", "ddtree")
+AUTO = "auto"  # budget="auto": the cost-aware budget per round (ddtree.reference.budget)
+# The largest tree of budget "auto" where nothing else bounds it (the reference backend; the CLI's GPU engine).
+AUTO_MAX_BUDGET = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +43,10 @@ class Request:
     prompt: np.ndarray  # int64 [n]
     max_new_tokens: int
     method: str
-    budget: int  # DDTree nodes per round; 0 for autoregressive decoding
+    budget: int  # DDTree nodes per round (with auto budgets the largest); 0 for autoregressive decoding
     temperature: float
     seed: int
+    auto_budgets: tuple[int, ...] = ()  # budget "auto": the candidates each round's budget is chosen among
 
 
 def _is_integer(value: object) -> bool:
@@ -71,7 +75,8 @@ def check_request(model: ModelConfig, drafter: DrafterConfig | None, prompt_ids:
                   max_new_tokens: object, method: object = "ar", budget: object = None, temperature: object = 0.0,
                   seed: object = 0, names: ArgumentNames = ArgumentNames()) -> Request:
     """The request, checked; RequestError naming the first argument at fault otherwise. `budget` None is the
-    drafter's default (block_size - 1) for DDTree and must stay None for autoregressive decoding."""
+    drafter's default (block_size - 1) for DDTree and must stay None for autoregressive decoding; "auto" chooses each
+    round's budget among default_candidates(AUTO_MAX_BUDGET) (8, 16, 32, 64)."""
     prompt = check_token_ids(prompt_ids, model.vocab_size, names.prompt)
     if not _is_integer(max_new_tokens) or max_new_tokens < 0:
         raise RequestError(f"{names.new_tokens} must be a non-negative integer, got {max_new_tokens!r}")
@@ -88,11 +93,17 @@ def check_request(model: ModelConfig, drafter: DrafterConfig | None, prompt_ids:
         raise RequestError(f"{names.method} 'ddtree' needs a drafter")
     _check_drafter_matches(model, drafter, names)
     budget = drafter.block_size - 1 if budget is None else budget
+    autos: tuple[int, ...] = ()
+    if budget == AUTO:
+        from ddtree.reference.budget import default_candidates
+
+        autos = default_candidates(AUTO_MAX_BUDGET)
+        budget = autos[-1]
     _check_budget(model, budget, prompt.size + new_tokens, names)
     for max_positions, config in ((model.max_position_embeddings, names.model_config),
                                   (drafter.max_position_embeddings, names.drafter_config)):
         _check_positions(prompt.size, new_tokens, drafter.block_size, max_positions, config, names)
-    return Request(prompt, new_tokens, "ddtree", int(budget), checked_temperature, checked_seed)
+    return Request(prompt, new_tokens, "ddtree", int(budget), checked_temperature, checked_seed, autos)
 
 
 def _check_drafter_matches(model: ModelConfig, drafter: DrafterConfig, names: ArgumentNames) -> None:
@@ -107,7 +118,7 @@ def _check_drafter_matches(model: ModelConfig, drafter: DrafterConfig, names: Ar
 
 def _check_budget(model: ModelConfig, budget: object, context: int, names: ArgumentNames) -> None:
     if not _is_integer(budget) or budget < 0:
-        raise RequestError(f"{names.budget} must be a non-negative integer, got {budget!r}")
+        raise RequestError(f"{names.budget} must be a non-negative integer or {AUTO!r}, got {budget!r}")
     if budget > MAX_TREE_BUDGET:
         need = reference_verify_bytes(model, int(budget), context)
         raise RequestError(f"{names.budget} {budget} is more than the maximum tree budget {MAX_TREE_BUDGET}: one "

@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 class GenerationResult:
     """One stream's output. The first token comes from the prefill; `decode_seconds` covers the rest.
 
-    `accept_lengths` holds one entry per DDTree round (empty for autoregressive decoding); `text` is the decoded
+    `accept_lengths` holds one entry per DDTree round (empty for autoregressive decoding), `budgets` the tree budget
+    each of those rounds ran at (one value throughout for a fixed budget; chosen per round by `budget="auto"`);
+    `text` is the decoded
     tokens when the prompt was text (None for token ids); `stage_seconds` the device time of each DDTree stage
     summed over the rounds, when the GPU engine was asked to profile (shared by the streams of one call).
     """
@@ -26,6 +28,7 @@ class GenerationResult:
     accept_lengths: list[int] = field(default_factory=list)
     text: str | None = None
     stage_seconds: dict[str, float] = field(default_factory=dict)  # device time per DDTree stage, when profiled
+    budgets: list[int] = field(default_factory=list)  # the tree budget of each DDTree round
 
     @property
     def tokens_per_second(self) -> float:

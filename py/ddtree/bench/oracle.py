@@ -5,11 +5,13 @@ drawn rank replace its top-K: speed at a set acceptance, whatever the weights)."
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ddtree.engine import Engine
+from ddtree.reference.budget import check_candidates, default_candidates
+from ddtree.request import AUTO
 
 
 def hit_for(mean: float, depth: int) -> float:
@@ -41,6 +43,16 @@ class Decoded:
     decode_seconds: float
     rounds: int
     host_seconds_per_round: float = 0.0
+    budgets: list[int] = field(default_factory=list)  # each round's budget (DDTree)
+    costs: dict[str, list] = field(default_factory=dict)  # budget "auto": the round times it chose by
+
+    @property
+    def budget_counts(self) -> dict[int, int]:
+        """Rounds run at each budget."""
+        counts: dict[int, int] = {}
+        for b in self.budgets:
+            counts[b] = counts.get(b, 0) + 1
+        return dict(sorted(counts.items()))
 
     @property
     def tokens_per_second(self) -> float:
@@ -64,14 +76,22 @@ def decode_ar(engine: Engine, prompts: Sequence[Sequence[int]], new_tokens: int)
     return Decoded([r.tokens for r in results], [], results[0].decode_seconds, new_tokens - 1)
 
 
-def decode_ddtree(engine: Engine, prompts: Sequence[Sequence[int]], new_tokens: int, budget: int,
+def decode_ddtree(engine: Engine, prompts: Sequence[Sequence[int]], new_tokens: int, budget: int | str,
                   reference: Sequence[Sequence[int]] | None = None, hit: Sequence[float] | None = None,
-                  oracle_seed: int = 1) -> Decoded:
+                  oracle_seed: int = 1, auto_budgets: Sequence[int] | None = None) -> Decoded:
     """Greedy DDTree rounds of `budget` nodes, `new_tokens` per stream (no stop tokens); with `reference` (each
     stream's continuation, e.g. decode_ar's tokens) and `hit` (rank-0 probability per depth), the oracle's
-    candidates."""
-    oracle = {} if reference is None else {"reference": [list(r) for r in reference], "hit": list(hit or ()),
-                                           "oracle_seed": oracle_seed}
-    out = engine.native.generate_ddtree([list(p) for p in prompts], new_tokens, 0.0, 0, budget, **oracle)
+    candidates. budget "auto": each round's budget among `auto_budgets` (default: the engine's default
+    candidates) by the cost-aware policy, its round times measured on the engine."""
+    kwargs: dict = {} if reference is None else {"reference": [list(r) for r in reference], "hit": list(hit or ()),
+                                                 "oracle_seed": oracle_seed}
+    if budget == AUTO:
+        autos = default_candidates(engine.budget) if auto_budgets is None else \
+            check_candidates(auto_budgets, engine.budget)
+        kwargs["auto_budgets"] = list(autos)
+        budget = autos[-1]
+    out = engine.native.generate_ddtree([list(p) for p in prompts], new_tokens, 0.0, 0, budget, **kwargs)
+    costs = {"streams": out["cost_streams"], "seconds": out["cost_seconds"]} if out.get("cost_streams") else {}
     return Decoded(out["tokens"], out["accept_lengths"], out["decode_seconds"],
-                   max(len(a) for a in out["accept_lengths"]), out["host_seconds_per_round"])
+                   max(len(a) for a in out["accept_lengths"]), out["host_seconds_per_round"],
+                   list(out.get("budgets", [])), costs)

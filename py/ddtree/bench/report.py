@@ -11,6 +11,7 @@ from types import ModuleType
 
 from ddtree.bench.sweep import BenchRequest, BenchRow
 from ddtree.bench.view import COLUMNS, cells
+from ddtree.request import AUTO
 
 
 def pyplot() -> ModuleType | None:
@@ -61,20 +62,26 @@ def _plot(path: Path, meta: dict[str, object], req: BenchRequest, rows: Sequence
                 color = colors[k % len(colors)]
                 pts = [r for r in rows if r.context == context and r.streams == streams and r.method == "ddtree"
                        and r.target_accept == target]
+                auto = [r for r in pts if r.budget == AUTO]
+                pts = [r for r in pts if r.budget != AUTO]
+                for r in auto:
+                    ax.axhline(r.tokens_per_s, color=color, linestyle=":", linewidth=1.5)
                 ax.plot([r.budget for r in pts], [r.tokens_per_s for r in pts], "o-", color=color,
                         label=f"DDTree, {streams} stream{'s' if streams > 1 else ''}")
                 ar = [r for r in rows if r.context == context and r.streams == streams and r.method == "ar"]
                 if ar:
                     ax.axhline(ar[0].tokens_per_s, color=color, linestyle="--", linewidth=1)
             ax.set_xscale("log", base=2)
-            ax.set_xticks(list(req.budgets), [str(b) for b in req.budgets])
+            fixed = [b for b in req.budgets if b != AUTO]
+            ax.set_xticks(fixed, [str(b) for b in fixed])
             ax.minorticks_off()
             ax.set_xlabel("budget (nodes per round)")
             ax.set_title(f"context {context}" + ("" if target is None else f", oracle accept {target:g}"),
                          fontsize=10)
             if j == 0:
                 ax.set_ylabel("tokens/s (all streams)")
-    axes[0][0].legend(fontsize=7, title="dashed: AR", title_fontsize=7)
+    axes[0][0].legend(fontsize=7, title="dashed: AR" + (", dotted: auto budget" if AUTO in req.budgets else ""),
+                      title_fontsize=7)
     fig.suptitle(f"{meta['model']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

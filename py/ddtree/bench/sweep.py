@@ -13,15 +13,22 @@ from ddtree.bench.oracle import Decoded, decode_ar, decode_ddtree, hit_for
 from ddtree.engine import Engine
 from ddtree.errors import RequestError
 from ddtree.limits import MAX_TREE_BUDGET
+from ddtree.request import AUTO, AUTO_MAX_BUDGET
 
 
 @dataclass(frozen=True, slots=True)
 class BenchRequest:
     streams: tuple[int, ...]
-    budgets: tuple[int, ...]
+    budgets: tuple[int | str, ...]  # "auto": the cost-aware budget per round
     contexts: tuple[int, ...]  # prompt tokens per stream
     accepts: tuple[float, ...]  # the oracle's target mean tokens per round; () for the drafter's own candidates
     new_tokens: int
+
+    @property
+    def max_budget(self) -> int:
+        """The engine's budget: the largest one given, AUTO_MAX_BUDGET when only "auto" is."""
+        fixed = [b for b in self.budgets if b != AUTO]
+        return max(fixed) if fixed else AUTO_MAX_BUDGET
 
     @property
     def points(self) -> int:
@@ -32,12 +39,13 @@ class BenchRequest:
 @dataclass(frozen=True, slots=True)
 class BenchRow:
     """One measured configuration. `budget` is 0 and `target_accept` None for AR (a step is its round);
-    `speedup` is tokens/s over AR's at the same context and streams; `exact` whether the tokens equal AR's."""
+    `speedup` is tokens/s over AR's at the same context and streams; `exact` whether the tokens equal AR's.
+    `budget` "auto" rows ran the cost-aware budget per round; `budget_rounds` counts the rounds at each budget."""
 
     context: int
     streams: int
     method: str
-    budget: int
+    budget: int | str
     target_accept: float | None
     mean_accept: float
     tokens_per_s: float
@@ -45,6 +53,7 @@ class BenchRow:
     host_us_per_round: float
     speedup: float
     exact: bool
+    budget_rounds: dict[int, int] | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -65,7 +74,7 @@ def check_bench(source: ModelSource, streams: Sequence[int], budgets: Sequence[i
     if new_tokens < 2:
         raise RequestError(f"-n must be at least 2 (the prefill gives the first token), got {new_tokens}")
     for budget in budgets:
-        if budget > MAX_TREE_BUDGET:
+        if budget != AUTO and budget > MAX_TREE_BUDGET:
             raise RequestError(f"--budget {budget} is more than the maximum tree budget {MAX_TREE_BUDGET}")
     for accept in accepts or ():
         if not 1 <= accept <= source.depth + 1:
@@ -78,7 +87,7 @@ def check_bench(source: ModelSource, streams: Sequence[int], budgets: Sequence[i
 
 def bench_engine(source: ModelSource, req: BenchRequest) -> Engine:
     """One engine for the whole sweep: the most streams, the longest context, the largest budget."""
-    return source.engine(max(req.streams), max(req.contexts) + req.new_tokens, max(req.budgets))
+    return source.engine(max(req.streams), max(req.contexts) + req.new_tokens, req.max_budget)
 
 
 def _row(context: int, streams: int, method: str, budget: int, target: float | None, run: Decoded,
@@ -86,7 +95,7 @@ def _row(context: int, streams: int, method: str, budget: int, target: float | N
     return BenchRow(context, streams, method, budget, target, run.mean_accept if method == "ddtree" else 1.0,
                     run.tokens_per_second, run.round_seconds * 1e3, run.host_seconds_per_round * 1e6,
                     run.tokens_per_second / ar.tokens_per_second if ar.tokens_per_second else 0.0,
-                    run.tokens == ar.tokens)
+                    run.tokens == ar.tokens, run.budget_counts if method == "ddtree" else None)
 
 
 def run_sweep(engine: Engine, source: ModelSource, req: BenchRequest,

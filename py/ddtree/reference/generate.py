@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ddtree.errors import NonFiniteError, RequestError
+from ddtree.reference.budget import BudgetPolicy, LaggedPolicy, probe_masses, rows_cost
 from ddtree.reference.drafter import ReferenceDrafter, draft_top_k
 from ddtree.reference.model import ReferenceModel
 from ddtree.reference.sampling import target_choices
@@ -39,10 +40,11 @@ def generate(model: ReferenceModel, drafter: ReferenceDrafter | None, prompt_ids
     """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` (fewer when a stop token is emitted; it is
     kept). ``prompt_ids`` may be text, encoded with the tokenizer of the model's checkpoint directory; the result
     then holds the decoded text too. ``method`` "ar" needs no drafter; "ddtree" runs one round per tree with ``budget`` nodes (default
-    block_size - 1, the reference's default) and records each round's acceptance length (accepted nodes
-    including the root, as the reference counts it). ``draft_window`` (None: unbounded) lets the drafter attend
-    to the last ``draft_window`` committed tokens only. ``on_tokens`` is called with the tokens emitted so far
-    whenever they grow (progress displays, streamed text). At temperature > 0 each token's Gumbel noise is keyed by
+    block_size - 1, the reference's default; "auto": each round's budget among 8, 16, 32, 64 by the cost-aware
+    policy of ``ddtree.reference.budget``, with the round time in rows, ``rows_cost``) and records each round's
+    acceptance length (accepted nodes including the root, as the reference counts it) and budget.
+    ``draft_window`` (None: unbounded) lets the drafter attend to the last ``draft_window`` committed tokens only.
+    ``on_tokens`` is called with the tokens emitted so far whenever they grow (progress displays, streamed text). At temperature > 0 each token's Gumbel noise is keyed by
     (``seed``, ``stream``, its position), as the GPU engine keys stream ``stream`` of a batch
     (``ddtree.reference.sampling``): DDTree and autoregressive decoding then draw the same tokens.
 
@@ -63,8 +65,12 @@ def generate(model: ReferenceModel, drafter: ReferenceDrafter | None, prompt_ids
         result = _autoregressive(model, request.prompt, request.max_new_tokens, sampling, stops, progress)
     else:
         assert drafter is not None  # check_request refuses DDTree without one
+        policy = None
+        if request.auto_budgets:
+            costs = rows_cost(request.auto_budgets, drafter.config.block_size)
+            policy = LaggedPolicy(BudgetPolicy(request.auto_budgets, costs))
         result = _ddtree(model, drafter, request.prompt, request.max_new_tokens, request.budget, sampling, stops,
-                         progress, draft_window)
+                         progress, draft_window, policy)
     return with_text(result, tokenizer)
 
 
@@ -120,7 +126,9 @@ def _autoregressive(model: ReferenceModel, prompt: np.ndarray, max_new_tokens: i
 
 def _ddtree(model: ReferenceModel, drafter: ReferenceDrafter, prompt: np.ndarray, max_new_tokens: int,
             budget: int, sampling: Sampling, stops: set[int], progress: Callable[[list[int]], None],
-            draft_window: int | None) -> GenerationResult:
+            draft_window: int | None, policy: LaggedPolicy | None = None) -> GenerationResult:
+    """With `policy`, each round's budget is the policy's (`budget` is the largest, the top-K width of every round,
+    as the engine's auto rounds draft), and each round's probe and accept length go back to it."""
     begin = time.perf_counter()
     taps = drafter.config.target_layer_ids
     if max_new_tokens == 0:
@@ -135,11 +143,14 @@ def _ddtree(model: ReferenceModel, drafter: ReferenceDrafter, prompt: np.ndarray
     start = prompt.size  # committed rows in both caches; the bonus sits at position `start`
     tokens, done = _finish([bonus], max_new_tokens, stops)
     accept_lengths: list[int] = []
+    budgets: list[int] = []
     while not done:
+        width = budget
+        round_budget = policy.next_budget() if policy is not None else budget
         draft_logits = _finite(drafter.draft(draft_cache, context, bonus, start),
                                start + np.arange(1, drafter.config.block_size), "drafter")
-        log_probs, token_ids = draft_top_k(draft_logits, budget)
-        tree = build_tree(log_probs, token_ids, budget)
+        log_probs, token_ids = draft_top_k(draft_logits, width)
+        tree = build_tree(log_probs, token_ids, round_budget)
         ids, positions, visible = verify_inputs(tree, bonus, start)
         out = model.forward(ids, positions, cache, visible=visible, hidden_layers=taps)
         choices = sampling.choose(_finite(out.logits, positions, "target model"), positions)
@@ -148,6 +159,11 @@ def _ddtree(model: ReferenceModel, drafter: ReferenceDrafter, prompt: np.ndarray
         context = next_context([out.hidden[layer] for layer in taps], accepted)
         start += accepted.size
         accept_lengths.append(int(accepted.size))
+        budgets.append(round_budget)
+        if policy is not None:
+            policy.finished_round(probe_masses(log_probs, token_ids, policy.policy.candidates), int(accepted.size),
+                                  round_budget)
         tokens, done = _finish(tokens + ids[accepted[1:]].tolist() + [bonus], max_new_tokens, stops)
         progress(tokens)
-    return GenerationResult(tokens, prefill, time.perf_counter() - begin - prefill, accept_lengths)
+    return GenerationResult(tokens, prefill, time.perf_counter() - begin - prefill, accept_lengths,
+                            budgets=budgets)
