@@ -411,11 +411,7 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
     std::optional<BudgetPolicy> policy;
     if (automatic) {
         CostTable costs = r.costs;
-        if (costs.streams.empty()) {
-            start_streams(r);
-            costs = measure_costs(r, base);
-            model_.clear_nonfinite();  // the replays' probe rows are no generation's
-        }
+        if (costs.streams.empty()) costs = measure_costs(r, base);
         policy.emplace(r.auto_budgets, std::move(costs));
     }
     PhaseClock clock(s);  // start, prefilled, decoded
@@ -568,6 +564,7 @@ std::vector<CapturedGraph> DdtreeRound::graphs() const { return list_graphs(grap
 CostTable DdtreeRound::measure_costs(const RoundRequest& r, const RoundKey& base) {
     CostTable table;
     table.streams = measured_streams(static_cast<int>(r.prompts.size()));
+    bool prefilled = false;  // the replays start from the request's prefill, made at the first key not yet timed
     for (const int m : table.streams) {
         std::vector<double> row;
         for (const int budget : r.auto_budgets) {
@@ -575,11 +572,16 @@ CostTable DdtreeRound::measure_costs(const RoundRequest& r, const RoundKey& base
             key.streams = m;
             key.budget = budget;
             auto found = costs_.find(key);
-            if (found == costs_.end()) found = costs_.emplace(key, time_round(key)).first;
+            if (found == costs_.end()) {
+                if (!prefilled) start_streams(r);
+                prefilled = true;
+                found = costs_.emplace(key, time_round(key)).first;
+            }
             row.push_back(found->second);
         }
         table.seconds.push_back(std::move(row));
     }
+    if (prefilled) model_.clear_nonfinite();  // the replays' probe rows are no generation's
     return table;
 }
 

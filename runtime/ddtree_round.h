@@ -161,7 +161,8 @@ class DdtreeRound {
     // replay() of a known key and graph.
     void replay_key(const RoundKey& key, cudaGraphExec_t exec, int n, bool warmup, std::vector<double>* seconds);
     // The auto budgets' cost table for the request's keys: measured round times (each timed once per key, kept in
-    // costs_ across generations; the streams' state is the request's prefill, which the caller then redoes).
+    // costs_ across generations; the replays start from the request's prefill, made here only when a key is not
+    // timed yet, and the caller then prefills anew).
     CostTable measure_costs(const RoundRequest& request, const RoundKey& base);
 
     TargetModel& model_;
