@@ -128,3 +128,53 @@ def test_sharded_greedy_tokens_equal_the_whole_model(tiny: ReferenceModel) -> No
         tokens.append(token)
         ids = [token]
     assert tokens == tiny.greedy_generate([1, 2, 3], 6)
+
+
+class _RecordingNative:
+    """Stands in for ddtree._native.Engine: records what the loader uploads to each held rank."""
+
+    def __init__(self, held_ranks: list[int]) -> None:
+        self.held_ranks = held_ranks
+        self.tensors: dict[tuple[int, str], np.ndarray] = {}
+        self.experts: dict[int, set[tuple[int, int]]] = {r: set() for r in held_ranks}
+
+    def upload(self, name: str, array: np.ndarray, rank: int) -> None:
+        self.tensors[(rank, name)] = np.array(array)
+
+    def upload_expert(self, layer: int, expert: int, *parts_and_rank: object) -> None:
+        self.experts[parts_and_rank[-1]].add((layer, expert))  # type: ignore[index]
+
+    def missing(self) -> str:
+        return ""
+
+
+@pytest.mark.parametrize("held", [[1], [0, 1]])
+def test_the_loader_uploads_each_rank_its_slice(tiny_model_dir, held: list[int]) -> None:
+    from ddtree.checkpoint import open_checkpoint
+    from ddtree.engine import Engine
+
+    checkpoint = open_checkpoint(tiny_model_dir)
+    cfg = checkpoint.config
+    engine = Engine.__new__(Engine)
+    engine.config, engine.shard, engine._native = cfg, Shard(held[0], 2), _RecordingNative(held)
+    engine._upload(checkpoint)
+    for rank in held:
+        layout = shard_layout(cfg, Shard(rank, 2))
+        q_b = engine._native.tensors[(rank, "model.layers.0.self_attn.q_b_proj.weight")]
+        assert q_b.shape[0] == layout.heads * cfg.qk_head_dim
+        np.testing.assert_array_equal(engine._native.tensors[(rank, "lm_head.weight")],
+                                      checkpoint["lm_head.weight"][rank * 256:(rank + 1) * 256])
+        down = engine._native.tensors[(rank, "model.layers.0.mlp.down_proj.weight")]
+        np.testing.assert_array_equal(down, checkpoint["model.layers.0.mlp.down_proj.weight"][:, rank * 80:
+                                                                                                (rank + 1) * 80])
+        owned = {e for _, e in engine._native.experts[rank]}
+        assert owned == set(range(layout.first_expert, layout.first_expert + layout.experts))
+
+
+def test_k2_rank_fits_one_h200() -> None:
+    native = pytest.importorskip("ddtree._native", reason="the native module is not built")
+    plan = native.plan_memory(engine_dims(k2_config()), 7, 8, 1, 16, 4096, 0)
+    assert 72 << 30 < plan["weights"] < 74 << 30  # rank 7 of 8: 48 experts x 60 layers + an eighth of the rest
+    assert plan["total"] + (1 << 30) < 139 << 30  # the pre-flight's headroom on an H200's 139.8 GiB
+    whole = native.plan_memory(engine_dims(k2_config()), 0, 1, 1, 16, 4096, 0)
+    assert whole["weights"] > 7 * plan["weights"]
