@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Rank simulation: one rank of full Kimi-K2 split over 8 GPUs, timed on one GPU, and an 8 x H200 projection.
+
+The engine holds rank 7 of 8 (ddtree.shard: 8 of 64 heads, 48 of 384 routed experts per layer, an eighth of the
+dense MLP, shared experts and lm_head; 61 layers; random weights filled on the device) with its peers simulated
+(runtime/rank_simulation.h): same-size device copies of its own partial sums stand for the all-gather, then the
+rank-order sum runs, so a step is one rank's work with local collectives. Reports, at 1 / 4 / 16 streams and 1k
+context:
+- the per-rank AR step (CUDA graph replay, tokens sampled at T = 1 so the routing stays that of diverse tokens);
+- the local collectives' time (the eager step's sum_partials operations: the stand-in copies and the sums);
+- an 8 x H200 projection: the measured step less its local collectives plus the modelled NCCL all-gathers of the
+  runtime's design (ddtree.estimate's gathered_collectives_ms: latency + bytes over NVLink, not measured), and
+  DDTree rounds from ddtree.estimate's round model, scaled by the measured rank step against the model's per-GPU
+  AR forward, with the same modelled collectives for the verify rows (and the estimate's for the drafter).
+Writes ranksim.json and ranksim.md to --out. About 2-4 minutes on one H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ddtree import Engine
+from ddtree.device import device_info, has_cuda_device
+from ddtree.estimate import GPUS, Layout
+from ddtree.estimate.round_cost import fitted
+from ddtree.presets import preset_config
+from ddtree.shard import Shard
+
+from bench_report import start_report
+from cuda_timing import copy_bandwidth
+
+K2_LAYERS = 61
+RANKS, RANK = 8, 7  # the last rank: a full share of every split dimension, like every other
+STREAMS = (1, 4, 16)
+CONTEXT = 1024
+BUDGETS = (8, 32)
+SAMPLE_TEMPERATURE = 1.0
+
+
+def measure(engine: Engine, iters: int) -> list[dict]:
+    native = engine.native
+    native.randomize_cache(1)
+    rows = []
+    for n in STREAMS:
+        positions = [CONTEXT - 1] * n
+        step_s, host_s = native.time_decode(n, positions, iters, temperature=SAMPLE_TEMPERATURE)
+        profile = dict(native.profile_step(n, positions, 2, temperature=SAMPLE_TEMPERATURE))
+        local_ms = profile.get("sum_partials", 0.0) * 1e3
+        rows.append({"streams": n, "context": CONTEXT, "step_ms": step_s * 1e3, "host_us_per_step": host_s * 1e6,
+                     "local_collectives_ms": local_ms, "local_collectives_per_step": 2 * K2_LAYERS,
+                     "breakdown_ms": {k: v * 1e3 for k, v in sorted(profile.items(), key=lambda kv: -kv[1])}})
+        print(f"rank {RANK} of {RANKS}: {n} streams: {step_s * 1e3:.3f} ms/step, local collectives "
+              f"{local_ms:.3f} ms (eager), host {host_s * 1e6:.1f} us", flush=True)
+    return rows
+
+
+def project(measured: list[dict], mean_accept: float) -> list[dict]:
+    """8 x H200 tokens/s for AR and DDTree from the measured rank steps (see the module's docstring)."""
+    model = fitted()
+    lay = Layout(GPUS["h200"], RANKS, K2_LAYERS)
+    out = []
+    for m in measured:
+        n = m["streams"]
+        forward_ms = m["step_ms"] - m["local_collectives_ms"]
+        ar_model = model.ar_step(lay, n, CONTEXT)
+        calibration = forward_ms / (ar_model.total - ar_model.collectives)
+        ar_ms = forward_ms + model.gathered_collectives_ms(lay, n)
+        row = {"streams": n, "ar_step_ms": ar_ms, "ar_tokens_per_s": n / ar_ms * 1e3,
+               "ar_collectives_ms": model.gathered_collectives_ms(lay, n),
+               "estimate_ar_step_ms": ar_model.total, "calibration": calibration, "ddtree": []}
+        for budget in BUDGETS:
+            b = model.round(lay, n, budget, CONTEXT, mean_accept)
+            rows = n * (budget + 1)
+            drafter_collectives = b.collectives - model.collectives_ms(lay, rows, 0)
+            collectives = model.gathered_collectives_ms(lay, rows) + drafter_collectives
+            round_ms = calibration * (b.total - b.collectives) + collectives
+            row["ddtree"].append({"budget": budget, "round_ms": round_ms, "collectives_ms": collectives,
+                                  "tokens_per_s": n * mean_accept / round_ms * 1e3})
+        out.append(row)
+    return out
+
+
+def write_reports(out: Path, report: dict) -> None:
+    lines = start_report(out, "ranksim", "Rank simulation", report) + [
+        f"Rank {RANK} of {RANKS} of the {K2_LAYERS}-layer K2 target, its peers simulated by local copies "
+        f"(tools/bench_ranksim.py); context {CONTEXT}; weights {report['weights_gib']:.1f} GiB on this GPU.", "",
+        "## Per-rank AR step (CUDA graph replay)", "",
+        "| streams | ms/step | host us/step | local collectives ms (eager) |", "|---|---|---|---|"]
+    for m in report["measured"]:
+        lines.append(f"| {m['streams']} | {m['step_ms']:.3f} | {m['host_us_per_step']:.1f} | "
+                     f"{m['local_collectives_ms']:.3f} |")
+    lines += ["", f"## 8 x H200 projection (mean accept {report['mean_accept']:g} tokens per round)", "",
+              "Measured rank step - local collectives + modelled NCCL all-gathers (not measured: "
+              "ddtree.estimate's latency and NVLink bytes). DDTree: ddtree.estimate's round scaled by the measured "
+              "rank forward over the model's (calibration).", "",
+              "| streams | AR ms | AR tok/s | AR collectives ms | model AR ms | calibration | "
+              + " | ".join(f"DDTree b={b} ms | tok/s" for b in BUDGETS) + " |",
+              "|---|---|---|---|---|---|" + "---|---|" * len(BUDGETS)]
+    for p in report["projection"]:
+        cells = " | ".join(f"{d['round_ms']:.2f} | {d['tokens_per_s']:.0f}" for d in p["ddtree"])
+        lines.append(f"| {p['streams']} | {p['ar_step_ms']:.3f} | {p['ar_tokens_per_s']:.0f} | "
+                     f"{p['ar_collectives_ms']:.3f} | {p['estimate_ar_step_ms']:.3f} | {p['calibration']:.2f} | "
+                     f"{cells} |")
+    lines += ["", "### Step breakdown (eager step, one op at a time, ms summed over layers)", ""]
+    for m in report["measured"]:
+        lines.append(f"- {m['streams']} streams: " + ", ".join(f"{k} {v:.3f}" for k, v in m["breakdown_ms"].items()))
+    (out / "ranksim.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="report folder")
+    parser.add_argument("--iters", type=int, default=20, help="replays per stream count (default 20)")
+    parser.add_argument("--mean-accept", type=float, default=4.0,
+                        help="DDTree tokens committed per round per stream for the projection (default 4)")
+    args = parser.parse_args(argv)
+    if not has_cuda_device():
+        print("bench_ranksim needs a CUDA device", file=sys.stderr)
+        return 2
+    start = time.time()
+    cfg = preset_config("k2-layers", K2_LAYERS)
+    bw = copy_bandwidth()
+    engine = Engine.random(cfg, streams=max(STREAMS), max_context=2 * CONTEXT, shard=Shard(RANK, RANKS))
+    print(f"engine of rank {RANK} of {RANKS} ready in {time.time() - start:.0f} s", flush=True)
+    measured = measure(engine, args.iters)
+    from ddtree import _native
+    from ddtree.engine import engine_dims
+
+    plan = _native.plan_memory(engine_dims(cfg), RANK, RANKS, 1, max(STREAMS), 2 * CONTEXT, 0)
+    report = {"model": f"k2-layers, {K2_LAYERS} layers, rank {RANK} of {RANKS} (random weights)",
+              "device": str(device_info()), "copy_bandwidth_gbs": bw / 1e9, "weights_gib": plan["weights"] / 2**30,
+              "mean_accept": args.mean_accept, "measured": measured,
+              "projection": project(measured, args.mean_accept), "seconds": time.time() - start}
+    write_reports(args.out, report)
+    print(f"wrote {args.out}/ranksim.json, {args.out}/ranksim.md in {time.time() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
