@@ -1,7 +1,8 @@
 """The target split over G ranks on one GPU (runtime/rank_simulation.h): with every rank held, the ranks' logits
 slices, each layer's partials summed in rank order, equal the whole engine's within bf16 rounding; a row's logits
-are bitwise the same whatever the batch; the cross-rank pick is the single-GPU token choice. With one rank held (its
-peers simulated, as tools/bench_ranksim.py times it) AR decoding runs in captured graphs."""
+are bitwise the same whatever the batch, and a tree node's those of its autoregressive path; the cross-rank pick is
+the single-GPU token choice. With one rank held (its peers simulated, as tools/bench_ranksim.py times it) AR decoding
+runs in captured graphs."""
 
 from __future__ import annotations
 
@@ -108,3 +109,13 @@ def test_one_rank_with_simulated_peers_decodes_in_graphs() -> None:
     assert all(len(r.tokens) == 8 and all(0 <= t < cfg.vocab_size for t in r.tokens) for r in results)
     name = engine.graphs()[0].name
     assert engine.replay(name, 5) > 0
+
+
+@pytest.mark.parametrize("preset", ["tiny", TINY_FUSED])
+def test_split_tree_nodes_equal_autoregressive_paths(preset: str, model_dirs: dict[str, Path]) -> None:
+    """Tree verify on the split engine: every node's logits bitwise those of an autoregressive forward of its path."""
+    from test_verify import _check_trees_equal_ar
+
+    engine = ddtree.Engine(model_dirs[preset], streams=3, max_context=1024, budget=32, shard=Shard(0, 2),
+                           all_ranks=True)
+    _check_trees_equal_ar(engine, model_config(preset).vocab_size, [3, 500, 260], 32, seed=4)
