@@ -22,8 +22,11 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from ddtree import Engine
 from ddtree.device import device_info, has_cuda_device
+from ddtree.engine import engine_dims
 from ddtree.estimate import GPUS, Layout
 from ddtree.estimate.round_cost import fitted
 from ddtree.presets import preset_config
@@ -123,11 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     cfg = preset_config("k2-layers", K2_LAYERS)
     bw = copy_bandwidth()
+    torch.cuda.empty_cache()  # the copy's 8 GiB back to the device before the engine's pre-flight
     engine = Engine.random(cfg, streams=max(STREAMS), max_context=2 * CONTEXT, shard=Shard(RANK, RANKS))
     print(f"engine of rank {RANK} of {RANKS} ready in {time.time() - start:.0f} s", flush=True)
     measured = measure(engine, args.iters)
     from ddtree import _native
-    from ddtree.engine import engine_dims
 
     plan = _native.plan_memory(engine_dims(cfg), RANK, RANKS, 1, max(STREAMS), 2 * CONTEXT, 0)
     report = {"model": f"k2-layers, {K2_LAYERS} layers, rank {RANK} of {RANKS} (random weights)",
