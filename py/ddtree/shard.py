@@ -75,14 +75,6 @@ def shard_layout(cfg: ModelConfig, shard: Shard) -> ShardLayout:
                        r * vocab)
 
 
-def owns_tensor(name: str, cfg: ModelConfig, layout: ShardLayout) -> bool:
-    """Whether a rank of `layout` holds tensor `name` (no weight prefix): every tensor but other ranks' experts."""
-    if ".mlp.experts." not in name:
-        return True
-    expert = int(name.split(".mlp.experts.", 1)[1].split(".", 1)[0])
-    return layout.first_expert <= expert < layout.first_expert + layout.experts
-
-
 def shard_tensor(name: str, array: np.ndarray, cfg: ModelConfig, layout: ShardLayout) -> np.ndarray:
     """The part of checkpoint tensor `name` (no weight prefix) a rank of `layout` holds: a view where it can be
     (row slices), a contiguous copy for column slices; replicated tensors and owned experts as they are."""
@@ -111,4 +103,4 @@ def shard_tensor(name: str, array: np.ndarray, cfg: ModelConfig, layout: ShardLa
     return array[first:first + width]
 
 
-__all__ = ["Shard", "ShardLayout", "owns_tensor", "shard_layout", "shard_tensor"]
+__all__ = ["Shard", "ShardLayout", "shard_layout", "shard_tensor"]
