@@ -5,6 +5,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "cuda_check.h"
 #include "mla_attn.cuh"
@@ -66,6 +67,20 @@ int forward_rows(int streams, int max_budget) {
                                               ArDecoder::kPrefillRows));
 }
 
+// A rank's dense MLP and shared expert widths are the GEMMs' K and (twice) their fused SiLU N: multiples of 8.
+void check_rank_widths(const ModelDims& d) {
+    if (!d.sharded()) return;
+    for (const auto& [field, width, present] :
+         {std::tuple<const char*, int, bool>{"intermediate_size", d.rank_inter(), d.first_dense > 0},
+          {"moe_intermediate_size", d.rank_shared_inter(), d.layers > d.first_dense}}) {
+        if (present && width % 8 != 0) {
+            throw std::invalid_argument("ranks " + std::to_string(d.shard.ranks) + " leaves " + std::to_string(width) +
+                                        " columns of the config's " + field +
+                                        " per rank: the GEMM kernels take multiples of 8; choose fewer ranks");
+        }
+    }
+}
+
 // The ranks a GPU computes: every rank of the shard, or its own (a whole model: rank 0 of 1).
 std::vector<int> held_ranks_of(const ModelDims& dims, bool all_ranks) {
     if (!all_ranks) return {dims.shard.rank};
@@ -95,6 +110,7 @@ class TemporaryBuffer {
 MemoryPlan Engine::plan_memory(const ModelDims& dims, int streams, int max_context, int max_budget,
                                const DrafterSpec* drafter, int held_ranks) {
     check_shard(dims);
+    check_rank_widths(dims);
     // The same layout code as the constructor, through a counting arena.
     const int rows = forward_rows(streams, max_budget);
     MemoryPlan plan;

@@ -191,3 +191,10 @@ def test_the_engine_refuses_a_bad_split_before_the_device() -> None:
         Engine.random(cfg, streams=1, max_context=64, shard=Shard(0, 2), drafter=drafter_config_for(cfg, "tiny"))
     with pytest.raises(RequestError, match="shard must be a ddtree.shard.Shard"):
         Engine.random(cfg, streams=1, max_context=64, shard=2)  # type: ignore[arg-type]
+
+
+def test_a_rank_width_the_kernels_do_not_take_is_refused() -> None:
+    native = pytest.importorskip("ddtree._native", reason="the native module is not built")
+    with pytest.raises(ValueError, match="ranks 8 leaves 36 columns of the config's moe_intermediate_size per rank"):
+        native.plan_memory(engine_dims(preset_config("small")), 0, 8, 1, 1, 64, 0)
+    assert native.plan_memory(engine_dims(preset_config("small")), 3, 4, 1, 1, 64, 0)["total"] > 0
