@@ -117,6 +117,7 @@ void bind_engine(nb::module_& m) {
                                        RopeTable{nb::cast<std::vector<float>>(d["inv_freq"]),
                                                  nb::cast<float>(d["attention_factor"]), false},
                                        nb::cast<std::vector<int>>(d["tap_layers"]), nb::cast<int>(d["window"])};
+                    spec->dims.own_lm_head = ranks > 1;  // a split target holds only a slice of its lm_head
                 }
                 new (self) Engine(parse_dims(dims, rank, ranks), RopeTable{inv_freq, attention_factor, interleave},
                                   streams, max_context, budget, device, spec ? &*spec : nullptr, all_ranks);

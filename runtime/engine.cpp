@@ -136,9 +136,8 @@ MemoryPlan Engine::plan_memory(const ModelDims& dims, int streams, int max_conte
 size_t Engine::preflight(const ModelDims& dims, const RopeTable& rope, int streams, int max_context, int max_budget,
                          int device, const DrafterSpec* drafter, int held_ranks) {
     check_shard(dims);
-    if (dims.sharded() && drafter != nullptr) {
-        throw std::invalid_argument("a drafter on a target split over ranks " + std::to_string(dims.shard.ranks) +
-                                    " is not supported yet: create the sharded engine without one");
+    if (drafter != nullptr && drafter->dims.own_lm_head != dims.sharded()) {
+        throw std::invalid_argument("drafter: own_lm_head must be set exactly beside a split target");
     }
     if (streams < 1 || streams > 1024) {
         throw std::invalid_argument("streams must be in 1..1024, got " + std::to_string(streams));
@@ -211,7 +210,8 @@ Engine::Engine(const ModelDims& dims, const RopeTable& rope, int streams, int ma
       drafter_(drafter == nullptr
                    ? nullptr
                    : std::make_unique<DrafterModel>(drafter->dims, drafter->rope, model_.weights().embed,
-                                                    model_.weights().lm_head, streams,
+                                                    drafter->dims.own_lm_head ? nullptr : model_.weights().lm_head,
+                                                    streams,
                                                     draft_capacity(*drafter, max_context),
                                                     DdtreeRound::max_append_rows(streams, drafter->dims.block),
                                                     model_.stream(), arena_)),

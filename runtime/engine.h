@@ -61,8 +61,8 @@ class Engine {
     // max(streams x (max_budget + 1), prefill rows) rows. With `drafter`, the engine holds it too (its weights,
     // draft cache and scratch counted by the pre-flight) and runs DDTree rounds with it.
     // A split target (dims.shard, shard.h) holds rank dims.shard.rank with its peers simulated, or with
-    // `all_ranks` every rank on this GPU (rank_simulation.h); it runs autoregressive decoding and tree verify (no
-    // drafter yet).
+    // `all_ranks` every rank on this GPU (rank_simulation.h); its drafter (whole on every rank) then holds the whole
+    // lm_head itself (DrafterDims::own_lm_head).
     Engine(const ModelDims& dims, const RopeTable& rope, int streams, int max_context, int max_budget, int device,
            const DrafterSpec* drafter = nullptr, bool all_ranks = false);
     ~Engine() = default;

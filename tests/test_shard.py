@@ -181,14 +181,11 @@ def test_k2_rank_fits_one_h200() -> None:
 
 
 def test_the_engine_refuses_a_bad_split_before_the_device() -> None:
-    from ddtree.drafter import drafter_config_for
     from ddtree.engine import Engine
 
     cfg = preset_config("tiny")
     with pytest.raises(RequestError, match="ranks 3 does not divide the config's num_attention_heads"):
         Engine.random(cfg, streams=1, max_context=64, shard=Shard(0, 3))
-    with pytest.raises(RequestError, match="shard: a target split over ranks 2 takes no drafter yet"):
-        Engine.random(cfg, streams=1, max_context=64, shard=Shard(0, 2), drafter=drafter_config_for(cfg, "tiny"))
     with pytest.raises(RequestError, match="shard must be a ddtree.shard.Shard"):
         Engine.random(cfg, streams=1, max_context=64, shard=2)  # type: ignore[arg-type]
 

@@ -4,20 +4,25 @@
 The engine holds rank 7 of 8 (ddtree.shard: 8 of 64 heads, 48 of 384 routed experts per layer, an eighth of the
 dense MLP, shared experts and lm_head; 61 layers; random weights filled on the device) with its peers simulated
 (runtime/rank_simulation.h): same-size device copies of its own partial sums stand for the all-gather, then the
-rank-order sum runs, so a step is one rank's work with local collectives. Reports, at 1 / 4 / 16 streams and 1k
-context:
+rank-order sum runs, so a step is one rank's work with local collectives. Beside it, whole on the rank, a drafter of
+the Kimi-K2.5-DFlash shape (6 layers, block 8, taps 1 12 24 35 47 58) holding the whole lm_head. Reports, at 1 / 4 /
+16 streams and 1k context:
 - the per-rank AR step (CUDA graph replay, tokens sampled at T = 1 so the routing stays that of diverse tokens);
 - the local collectives' time (the eager step's sum_partials operations: the stand-in copies and the sums);
-- an 8 x H200 projection: the measured step less its local collectives plus the modelled NCCL all-gathers of the
-  runtime's design (ddtree.estimate's gathered_collectives_ms: latency + bytes over NVLink, not measured), and
-  DDTree rounds from ddtree.estimate's round model, scaled by the measured rank step against the model's per-GPU
-  AR forward, with the same modelled collectives for the verify rows (and the estimate's for the drafter).
-Writes ranksim.json and ranksim.md to --out. About 2-4 minutes on one H200.
+- the per-rank DDTree round at budgets 8 and 32 with ORACLE candidates at --mean-accept (greedy; the drafter's
+  forward and top-K run, then the oracle's candidates replace its top-K: random weights accept nothing);
+- an 8 x H200 projection: the measured AR step less its local collectives plus the modelled NCCL all-gathers of the
+  runtime's design (ddtree.estimate's gathered_collectives_ms: latency + bytes over NVLink, not measured); the
+  measured round plus the modelled all-gathers of its verify rows (its local stand-ins kept: an upper bound by
+  them); and, as a cross-check, ddtree.estimate's round model scaled by the measured rank step against the model's
+  per-GPU AR forward.
+Writes ranksim.json and ranksim.md to --out. About 3-5 minutes on one H200.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -25,7 +30,9 @@ from pathlib import Path
 import torch
 
 from ddtree import Engine
+from ddtree.bench.oracle import decode_ar, decode_ddtree, hit_for, random_prompts
 from ddtree.device import device_info, has_cuda_device
+from ddtree.drafter import DrafterConfig, drafter_config_for
 from ddtree.engine import engine_dims
 from ddtree.estimate import GPUS, Layout
 from ddtree.estimate.round_cost import fitted
@@ -41,6 +48,15 @@ STREAMS = (1, 4, 16)
 CONTEXT = 1024
 BUDGETS = (8, 32)
 SAMPLE_TEMPERATURE = 1.0
+KIMI_DFLASH_TAPS = (1, 12, 24, 35, 47, 58)
+NEW_TOKENS = 32
+
+
+def kimi_dflash(cfg) -> DrafterConfig:
+    """The Kimi-K2.5-DFlash shape (DESIGN.md): 6 layers, 64 query / 8 KV heads of 128, intermediate 18432, block 8."""
+    return dataclasses.replace(drafter_config_for(cfg, "k2-layers"), num_hidden_layers=6, num_attention_heads=64,
+                               num_key_value_heads=8, head_dim=128, intermediate_size=18432, block_size=8,
+                               target_layer_ids=KIMI_DFLASH_TAPS)
 
 
 def measure(engine: Engine, iters: int) -> list[dict]:
@@ -60,7 +76,27 @@ def measure(engine: Engine, iters: int) -> list[dict]:
     return rows
 
 
-def project(measured: list[dict], mean_accept: float) -> list[dict]:
+def measure_rounds(engine: Engine, cfg, mean_accept: float) -> list[dict]:
+    """Per-rank DDTree rounds with oracle candidates at `mean_accept`, prompts of CONTEXT - NEW_TOKENS tokens."""
+    depth = engine.drafter_config.block_size - 1
+    hit = [hit_for(mean_accept, depth)] * depth
+    rows = []
+    for n in STREAMS:
+        prompts = random_prompts(cfg.vocab_size, n, CONTEXT - NEW_TOKENS, seed=n)
+        ar = decode_ar(engine, prompts, NEW_TOKENS)
+        for budget in BUDGETS:
+            decode_ddtree(engine, prompts, NEW_TOKENS, budget, ar.tokens, hit)  # captures the round's graphs
+            dd = decode_ddtree(engine, prompts, NEW_TOKENS, budget, ar.tokens, hit)
+            exact = dd.tokens == ar.tokens
+            rows.append({"streams": n, "budget": budget, "round_ms": dd.round_seconds * 1e3,
+                         "mean_accept": dd.mean_accept, "exact": exact,
+                         "host_us_per_round": dd.host_seconds_per_round * 1e6})
+            print(f"rank {RANK} of {RANKS}: {n} streams, budget {budget}: {dd.round_seconds * 1e3:.3f} ms/round, "
+                  f"accept {dd.mean_accept:.2f}, tokens equal AR's: {exact}", flush=True)
+    return rows
+
+
+def project(measured: list[dict], rounds: list[dict], mean_accept: float) -> list[dict]:
     """8 x H200 tokens/s for AR and DDTree from the measured rank steps (see the module's docstring)."""
     model = fitted()
     lay = Layout(GPUS["h200"], RANKS, K2_LAYERS)
@@ -76,12 +112,15 @@ def project(measured: list[dict], mean_accept: float) -> list[dict]:
                "estimate_ar_step_ms": ar_model.total, "calibration": calibration, "ddtree": []}
         for budget in BUDGETS:
             b = model.round(lay, n, budget, CONTEXT, mean_accept)
-            rows = n * (budget + 1)
-            drafter_collectives = b.collectives - model.collectives_ms(lay, rows, 0)
-            collectives = model.gathered_collectives_ms(lay, rows) + drafter_collectives
-            round_ms = calibration * (b.total - b.collectives) + collectives
+            collectives = model.gathered_collectives_ms(lay, n * (budget + 1))
+            measured_round = next(r for r in rounds if r["streams"] == n and r["budget"] == budget)
+            round_ms = measured_round["round_ms"] + collectives
+            accept = measured_round["mean_accept"]
+            model_ms = calibration * (b.total - b.collectives) + collectives
             row["ddtree"].append({"budget": budget, "round_ms": round_ms, "collectives_ms": collectives,
-                                  "tokens_per_s": n * mean_accept / round_ms * 1e3})
+                                  "tokens_per_s": n * accept / round_ms * 1e3, "mean_accept": accept,
+                                  "estimate_round_ms": model_ms,
+                                  "estimate_tokens_per_s": n * mean_accept / model_ms * 1e3})
         out.append(row)
     return out
 
@@ -95,15 +134,22 @@ def write_reports(out: Path, report: dict) -> None:
     for m in report["measured"]:
         lines.append(f"| {m['streams']} | {m['step_ms']:.3f} | {m['host_us_per_step']:.1f} | "
                      f"{m['local_collectives_ms']:.3f} |")
-    lines += ["", f"## 8 x H200 projection (mean accept {report['mean_accept']:g} tokens per round)", "",
-              "Measured rank step - local collectives + modelled NCCL all-gathers (not measured: "
-              "ddtree.estimate's latency and NVLink bytes). DDTree: ddtree.estimate's round scaled by the measured "
-              "rank forward over the model's (calibration).", "",
+    lines += ["", f"## Per-rank DDTree rounds (oracle candidates, target mean accept {report['mean_accept']:g})", "",
+              "| streams | budget | ms/round | mean accept | host us/round | tokens equal AR's |", "|---|---|---|---|---|---|"]
+    for r in report["rounds"]:
+        lines.append(f"| {r['streams']} | {r['budget']} | {r['round_ms']:.3f} | {r['mean_accept']:.2f} | "
+                     f"{r['host_us_per_round']:.1f} | {'yes' if r['exact'] else 'NO'} |")
+    lines += ["", "## 8 x H200 projection", "",
+              "AR: measured rank step - its local collectives + modelled NCCL all-gathers (not measured: "
+              "ddtree.estimate's latency and NVLink bytes). DDTree: measured rank round + the modelled all-gathers "
+              "of its verify rows, at the round's measured acceptance; in brackets ddtree.estimate's round scaled by "
+              "the measured rank forward over the model's (calibration), at the target acceptance.", "",
               "| streams | AR ms | AR tok/s | AR collectives ms | model AR ms | calibration | "
-              + " | ".join(f"DDTree b={b} ms | tok/s" for b in BUDGETS) + " |",
+              + " | ".join(f"DDTree b={b} ms | tok/s (model)" for b in BUDGETS) + " |",
               "|---|---|---|---|---|---|" + "---|---|" * len(BUDGETS)]
     for p in report["projection"]:
-        cells = " | ".join(f"{d['round_ms']:.2f} | {d['tokens_per_s']:.0f}" for d in p["ddtree"])
+        cells = " | ".join(f"{d['round_ms']:.2f} | {d['tokens_per_s']:.0f} ({d['estimate_tokens_per_s']:.0f})"
+                           for d in p["ddtree"])
         lines.append(f"| {p['streams']} | {p['ar_step_ms']:.3f} | {p['ar_tokens_per_s']:.0f} | "
                      f"{p['ar_collectives_ms']:.3f} | {p['estimate_ar_step_ms']:.3f} | {p['calibration']:.2f} | "
                      f"{cells} |")
@@ -127,16 +173,18 @@ def main(argv: list[str] | None = None) -> int:
     cfg = preset_config("k2-layers", K2_LAYERS)
     bw = copy_bandwidth()
     torch.cuda.empty_cache()  # the copy's 8 GiB back to the device before the engine's pre-flight
-    engine = Engine.random(cfg, streams=max(STREAMS), max_context=2 * CONTEXT, shard=Shard(RANK, RANKS))
+    engine = Engine.random(cfg, streams=max(STREAMS), max_context=2 * CONTEXT, budget=max(BUDGETS),
+                           drafter=kimi_dflash(cfg), shard=Shard(RANK, RANKS))
     print(f"engine of rank {RANK} of {RANKS} ready in {time.time() - start:.0f} s", flush=True)
     measured = measure(engine, args.iters)
+    rounds = measure_rounds(engine, cfg, args.mean_accept)
     from ddtree import _native
 
     plan = _native.plan_memory(engine_dims(cfg), RANK, RANKS, 1, max(STREAMS), 2 * CONTEXT, 0)
     report = {"model": f"k2-layers, {K2_LAYERS} layers, rank {RANK} of {RANKS} (random weights)",
               "device": str(device_info()), "copy_bandwidth_gbs": bw / 1e9, "weights_gib": plan["weights"] / 2**30,
-              "mean_accept": args.mean_accept, "measured": measured,
-              "projection": project(measured, args.mean_accept), "seconds": time.time() - start}
+              "mean_accept": args.mean_accept, "measured": measured, "rounds": rounds,
+              "projection": project(measured, rounds, args.mean_accept), "seconds": time.time() - start}
     write_reports(args.out, report)
     print(f"wrote {args.out}/ranksim.json, {args.out}/ranksim.md in {time.time() - start:.0f} s")
     return 0

@@ -172,8 +172,8 @@ class Engine:
     `shard` (ddtree.shard.Shard) splits the target over shard.ranks GPUs and holds rank shard.rank's share, each
     checkpoint tensor sliced for it at upload; on one GPU its peers are simulated (runtime/rank_simulation.h): its
     tokens are not a model's, its time is one rank's. With `all_ranks` the engine holds every rank's share on this
-    GPU and its collectives are exact: its logits are the whole model's up to the rank-order sums' rounding. A
-    split target decodes autoregressively and verifies trees; it takes no drafter yet.
+    GPU and its collectives are exact: its logits are the whole model's up to the rank-order sums' rounding. Its
+    drafter is whole on every rank and holds the target's whole lm_head itself.
     """
 
     def __init__(self, model_dir: str | Path, drafter_dir: str | Path | None = None, streams: int = 1,
@@ -186,6 +186,9 @@ class Engine:
                      all_ranks)
         self._upload(checkpoint)
         if drafter_checkpoint is not None:
+            if self.shard.ranks > 1:  # the drafter's LM head is the target's whole table, held by the drafter
+                prefix = checkpoint.config.weight_prefix
+                _native_call(self._native.upload_drafter, "lm_head.weight", checkpoint[f"{prefix}lm_head.weight"])
             self.upload_drafter(drafter_checkpoint)
         self.model_dir: Path | None = Path(model_dir)  # its tokenizer encodes text prompts
 
@@ -201,9 +204,9 @@ class Engine:
         engine._create(cfg, streams, max_context, budget, device, drafter, draft_window, shard, all_ranks)
         engine._native.randomize_weights(seed)
         if drafter is not None:
-            if drafter_weights is None:
+            if drafter_weights is None or engine.shard.ranks > 1:  # a split target's drafter: a random LM head too
                 engine._native.randomize_drafter(seed + 1)
-            else:
+            if drafter_weights is not None:
                 engine.upload_drafter(drafter_weights)
         engine.model_dir = None
         return engine
@@ -216,8 +219,6 @@ class Engine:
         if not isinstance(shard, Shard):
             raise RequestError(f"shard must be a ddtree.shard.Shard or None, got {shard!r:.80}")
         shard_layout(cfg, shard)  # RequestError naming ranks and the field it does not divide
-        if shard.ranks > 1 and drafter is not None:
-            raise RequestError(f"shard: a target split over ranks {shard.ranks} takes no drafter yet")
         self.shard = shard
         _check_window(draft_window)
         if budget is None:

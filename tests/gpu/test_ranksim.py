@@ -1,8 +1,8 @@
 """The target split over G ranks on one GPU (runtime/rank_simulation.h): with every rank held, the ranks' logits
 slices, each layer's partials summed in rank order, equal the whole engine's within bf16 rounding; a row's logits
 are bitwise the same whatever the batch, and a tree node's those of its autoregressive path; the cross-rank pick is
-the single-GPU token choice. With one rank held (its peers simulated, as tools/bench_ranksim.py times it) AR decoding
-runs in captured graphs."""
+the single-GPU token choice; DDTree rounds give the split engine's autoregressive tokens. With one rank held (its peers
+simulated, as tools/bench_ranksim.py times it) AR decoding runs in captured graphs."""
 
 from __future__ import annotations
 
@@ -115,3 +115,19 @@ def test_split_tree_nodes_equal_autoregressive_paths(preset: str, model_dirs: di
     engine = ddtree.Engine(model_dirs[preset], streams=3, max_context=1024, budget=32, shard=Shard(0, 2),
                            all_ranks=True)
     _check_trees_equal_ar(engine, model_config(preset).vocab_size, [3, 500, 260], 32, seed=4)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_split_ddtree_equals_split_ar(temperature: float, model_dirs: dict[str, Path],
+                                      tmp_path: Path) -> None:
+    """DDTree rounds on every rank held (the drafter whole, with the target's whole lm_head of its own): its tokens
+    are bitwise the split engine's autoregressive tokens, greedy and sampled, with the drafter's candidates and an
+    oracle's."""
+    from ddtree.drafter import make_drafter
+    from test_ddtree_round import _check_round_equals_ar
+
+    make_drafter(model_config("tiny"), tmp_path, seed=5, preset="tiny")
+    engine = ddtree.Engine(model_dirs["tiny"], tmp_path, streams=3, max_context=512, budget=16, shard=Shard(0, 2),
+                           all_ranks=True)
+    _check_round_equals_ar(engine, 3, 16, temperature, None, seed=7)
+    _check_round_equals_ar(engine, 3, 8, temperature, 0.8, seed=8)
