@@ -23,9 +23,9 @@ from ddtree.drafter import DrafterConfig, open_drafter
 from ddtree.errors import NonFiniteError, RequestError, check_token_ids
 from ddtree.limits import MAX_STOP_IDS, MAX_TREE_BUDGET
 from ddtree.request import METHODS, check_seed, check_stop_ids
-from ddtree.shard import Shard, shard_layout, shard_tensor
 from ddtree.reference.rope import Rope
 from ddtree.results import GenerationResult, cut_at_stop, with_text
+from ddtree.shard import Shard, shard_layout, shard_tensor
 from ddtree.tokenizer import encode_prompts
 
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
