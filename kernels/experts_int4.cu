@@ -21,6 +21,7 @@ __device__ __forceinline__ float int4_dot(const bf16* x, const int32_t* packed_r
 __global__ void experts_up_kernel(bf16* act, const bf16* x, const int32_t* topk_ids, int topk, Int4Experts w) {
     const int pair = blockIdx.x, token = pair / topk;
     const int e = topk_ids[pair];
+    if (e < 0) return;  // an expert another GPU holds (localize_expert_ids): its slot adds nothing here
     const bf16* xr = x + static_cast<int64_t>(token) * w.hidden;
     for (int f = threadIdx.x; f < w.inter; f += blockDim.x) {
         const int64_t row = static_cast<int64_t>(e) * w.inter + f;
@@ -37,6 +38,7 @@ __global__ void experts_down_kernel(bf16* out, const bf16* act, const int32_t* t
         float sum = 0.f;
         for (int k = 0; k < topk; ++k) {
             const int pair = token * topk + k;
+            if (topk_ids[pair] < 0) continue;
             const int64_t row = static_cast<int64_t>(topk_ids[pair]) * w.hidden + h;
             const float y = int4_dot(act + static_cast<int64_t>(pair) * w.inter, w.down_packed + row * (w.inter / 8),
                                      w.down_scale + row * (w.inter / 32), w.inter);

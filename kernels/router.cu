@@ -69,7 +69,26 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta)
     }
 }
 
+__global__ void localize_kernel(int32_t* local_ids, const int32_t* topk_ids, int count, int first, int held) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    const int32_t local = topk_ids[i] - first;
+    local_ids[i] = local >= 0 && local < held ? local : -1;
+}
+
 }  // namespace
+
+cudaError_t localize_expert_ids(int32_t* local_ids, const int32_t* topk_ids, int count, int first, int held,
+                                cudaStream_t stream) {
+    if (count < 0 || first < 0 || held < 1) {
+        return cudaErrorInvalidValue;
+    }
+    if (count == 0) {
+        return cudaSuccess;
+    }
+    localize_kernel<<<(count + 255) / 256, 256, 0, stream>>>(local_ids, topk_ids, count, first, held);
+    return cudaGetLastError();
+}
 
 cudaError_t route_topk(int32_t* topk_ids, float* topk_weights, const float* logits, const float* bias,
                        int tokens, int experts, int topk, bool normalize, cudaStream_t stream) {

@@ -19,4 +19,9 @@ inline bool router_supported(int experts, int topk) {
 cudaError_t route_topk(int32_t* topk_ids, float* topk_weights, const float* logits, const float* bias,
                        int tokens, int experts, int topk, bool normalize, cudaStream_t stream);
 
+// Experts split over GPUs: local_ids[i] = topk_ids[i] - first when this GPU holds that expert (first <= id <
+// first + held), else -1, which the expert kernels skip. `count` ids (tokens x topk).
+cudaError_t localize_expert_ids(int32_t* local_ids, const int32_t* topk_ids, int count, int first, int held,
+                                cudaStream_t stream);
+
 }  // namespace ddtree::kernels

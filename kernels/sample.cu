@@ -20,8 +20,8 @@ constexpr int kRowCtas = 8;
 // One cluster per row along the grid's x dimension (2^31 - 1 CTAs; y would hold only 65535 rows).
 __global__ void __cluster_dims__(kRowCtas, 1, 1) __launch_bounds__(kThreads)
     sample_kernel(int32_t* tokens, int32_t* nonfinite_at, const float* logits, int64_t ld, int vocab,
-                  const float* temperature,
-                  const unsigned long long* seed, const int32_t* stream_ids, const int32_t* positions) {
+                  const float* temperature, const unsigned long long* seed, const int32_t* stream_ids,
+                  const int32_t* positions, int first_id, RankCandidate* candidates) {
     __shared__ Best warp_bests[kThreads / 32];
     __shared__ Best cta_bests[kRowCtas];  // rank 0's copy gathers every CTA's best, in rank order
     // Each CTA writes its best into rank 0's shared memory, which needs rank 0 to have started: arrive here, wait
@@ -45,7 +45,7 @@ __global__ void __cluster_dims__(kRowCtas, 1, 1) __launch_bounds__(kThreads)
         float v = x[i];
         finite = finite && isfinite(v);
         if (!greedy) {
-            const uint64_t h = hash_at(key, i);
+            const uint64_t h = hash_at(key, static_cast<uint64_t>(first_id) + i);
             // (0, 1): 23 bits + 1/2 over 2^23 tops out at 1 - 2^-24, a float below 1 (24 bits would round the
             // top value to 1.0, an infinite G that wins whatever the logits).
             const float u = (static_cast<float>(h >> 41) + 0.5f) * (1.f / 8388608.f);
@@ -67,8 +67,13 @@ __global__ void __cluster_dims__(kRowCtas, 1, 1) __launch_bounds__(kThreads)
     if (part == 0 && threadIdx.x == 0) {
         best = cta_bests[0];
         for (int r = 1; r < kRowCtas; ++r) best = better(best, cta_bests[r]);
-        // A row of NaNs leaves no maximum; token 0 keeps the id in range.
-        tokens[row] = best.index < vocab ? best.index : 0;
+        if (candidates != nullptr) {  // a rank's slice: its best, a row of NaNs as -inf
+            candidates[row] = best.index < vocab ? RankCandidate{best.value, first_id + best.index}
+                                                 : RankCandidate{-INFINITY, first_id};
+        } else {
+            // A row of NaNs leaves no maximum; token 0 keeps the id in range.
+            tokens[row] = best.index < vocab ? best.index : 0;
+        }
     }
 }
 
@@ -104,7 +109,24 @@ cudaError_t sample_tokens(int32_t* tokens, int32_t* nonfinite_at, const float* l
         return cudaSuccess;
     }
     return launch_dependent(sample_kernel, dim3(rows * kRowCtas), dim3(kThreads), 0, stream, tokens, nonfinite_at,
-                            logits, ld, vocab, temperature, seed, stream_ids, positions);
+                            logits, ld, vocab, temperature, seed, stream_ids, positions, 0,
+                            static_cast<RankCandidate*>(nullptr));
+}
+
+cudaError_t sample_candidates(RankCandidate* candidates, int32_t* nonfinite_at, const float* logits, int64_t ld,
+                              int rows, int vocab, int first_id, const float* temperature,
+                              const unsigned long long* seed, const int32_t* stream_ids, const int32_t* positions,
+                              cudaStream_t stream) {
+    if (rows < 0 || rows > std::numeric_limits<int>::max() / kRowCtas || vocab <= 0 || ld < vocab || first_id < 0 ||
+        candidates == nullptr) {
+        return cudaErrorInvalidValue;
+    }
+    if (rows == 0) {
+        return cudaSuccess;
+    }
+    return launch_dependent(sample_kernel, dim3(rows * kRowCtas), dim3(kThreads), 0, stream,
+                            static_cast<int32_t*>(nullptr), nonfinite_at, logits, ld, vocab, temperature, seed,
+                            stream_ids, positions, first_id, candidates);
 }
 
 cudaError_t advance_decode(int32_t* ids, int32_t* positions, int32_t* kv_len, int32_t* slots, const int32_t* kv_start,

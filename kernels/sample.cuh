@@ -23,6 +23,19 @@ cudaError_t sample_tokens(int32_t* tokens, int32_t* nonfinite_at, const float* l
                           int vocab, const float* temperature, const unsigned long long* seed,
                           const int32_t* stream_ids, const int32_t* positions, cudaStream_t stream);
 
+// One rank's best candidate of a row over its vocabulary slice (several GPUs split the LM head by vocabulary).
+struct RankCandidate {
+    float value;  // the logit, or logit / T + G when sampling; -inf when the slice has no value above -inf
+    int32_t id;   // the global token id
+};
+
+// sample_tokens over a slice of `vocab` columns whose first is token `first_id`, the noise keyed by global ids:
+// candidates[row] = that row's best (value, id), for pick_candidates (rank_reduce.cuh) to combine across ranks.
+cudaError_t sample_candidates(RankCandidate* candidates, int32_t* nonfinite_at, const float* logits, int64_t ld,
+                              int rows, int vocab, int first_id, const float* temperature,
+                              const unsigned long long* seed, const int32_t* stream_ids, const int32_t* positions,
+                              cudaStream_t stream);
+
 // Per-stream decode state of `streams` rows: after a step that chose tokens[s] at positions[s],
 // history[s * history_ld + *step] = tokens[s]; ids[s] = tokens[s]; positions[s] += 1;
 // kv_len[s] = positions[s] + 1; slots[s] = kv_start[s] + positions[s]; then *step += 1.

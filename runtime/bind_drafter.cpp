@@ -57,6 +57,10 @@ void bind_drafter(nb::module_& m) {
             [](EagerDrafter* self, Engine& engine, const nb::dict& dims, const std::vector<float>& inv_freq,
                float attention_factor, int streams, int max_context, int window, int max_append) {
                 const DrafterDims d = parse_drafter_dims(dims);
+                if (engine.dims().sharded()) {
+                    throw nb::value_error("argument 'engine' is split over ranks and holds a slice of its lm_head: "
+                                          "an eager drafter borrows the whole table");
+                }
                 if (d.hidden != engine.dims().hidden || d.vocab != engine.dims().vocab) {
                     throw nb::value_error(("drafter hidden/vocab " + std::to_string(d.hidden) + "/" +
                                            std::to_string(d.vocab) + " differ from the engine's " +
@@ -160,6 +164,9 @@ void bind_drafter(nb::module_& m) {
                                          : name == "lm_head" ? engine.weights().lm_head
                                                              : nullptr;
             if (table == nullptr) throw nb::value_error("argument 'name' must be 'embed' or 'lm_head'");
+            if (table == engine.weights().lm_head && d.sharded()) {
+                throw nb::value_error("argument 'name': a split engine holds a vocabulary slice of lm_head");
+            }
             auto out = empty_numpy<uint16_t>({static_cast<size_t>(d.vocab), static_cast<size_t>(d.hidden)});
             {
                 nb::gil_scoped_release release;

@@ -14,6 +14,7 @@
 #include "bindings.h"
 #include "budget_policy.h"
 #include "engine.h"
+#include "shard.h"
 #include "tree_rows.cuh"
 #include "tensor_args.h"
 
@@ -28,8 +29,9 @@ T field(const nb::dict& d, const char* key) {
 }
 
 // By field name: a dict built from config.json (ddtree.engine.engine_dims).
-ModelDims parse_dims(const nb::dict& d) {
+ModelDims parse_dims(const nb::dict& d, int rank = 0, int ranks = 1) {
     ModelDims m;
+    m.shard = Shard{rank, ranks};
     m.vocab = field<int>(d, "vocab");
     m.hidden = field<int>(d, "hidden");
     m.inter = field<int>(d, "inter");
@@ -97,12 +99,46 @@ void bind_engine(nb::module_& m) {
         "The auto budgets' policy (runtime/budget_policy) on the host, no device needed: its first choice for "
         "live[0] streams, then after observing each round (masses [rows * candidates], accepts, skip flags, the "
         "budget it ran at) its choice for live[r] streams. The CPU tests hold it to ddtree.reference.budget.");
+    m.def(
+        "shard_layout",
+        [](const nb::dict& dims, int rank, int ranks) {
+            const ShardLayout l = shard_layout(parse_dims(dims, rank, ranks));
+            nb::dict out;
+            for (const auto& [key, value] : {std::pair<const char*, int>{"heads", l.heads}, {"inter", l.inter},
+                                             {"shared_inter", l.shared_inter}, {"experts", l.experts},
+                                             {"vocab", l.vocab}, {"first_head", l.first_head},
+                                             {"first_inter", l.first_inter},
+                                             {"first_shared_inter", l.first_shared_inter},
+                                             {"first_expert", l.first_expert}, {"first_token", l.first_token}}) {
+                out[key] = value;
+            }
+            return out;
+        },
+        nb::arg("dims"), nb::arg("rank"), nb::arg("ranks"),
+        "The share of rank `rank` of `ranks` (runtime/shard.h) as a dict of ddtree.shard.ShardLayout's fields; "
+        "ValueError naming `ranks` and the config field it does not divide.");
+    m.def(
+        "plan_memory",
+        [](const nb::dict& dims, int rank, int ranks, int held_ranks, int streams, int max_context, int budget) {
+            const MemoryPlan p = Engine::plan_memory(parse_dims(dims, rank, ranks), streams, max_context, budget,
+                                                     nullptr, held_ranks);
+            nb::dict out;
+            out["weights"] = p.weights;
+            out["kv"] = p.kv;
+            out["scratch"] = p.scratch;
+            out["total"] = p.total();
+            return out;
+        },
+        nb::arg("dims"), nb::arg("rank"), nb::arg("ranks"), nb::arg("held_ranks"), nb::arg("streams"),
+        nb::arg("max_context"), nb::arg("budget"),
+        "Device bytes (weights, kv, scratch, total) an engine of these arguments without a drafter takes, counted "
+        "by the engine's own layout code without a device: the pre-flight's figures.");
     nb::class_<Engine>(m, "Engine", "The engine on one GPU: decode and tree verify (see ddtree.Engine)")
         .def(
             "__init__",
             [](Engine* self, const nb::dict& dims, const std::vector<float>& inv_freq, float attention_factor,
                bool interleave, int streams, int max_context, int budget, int device,
-               const std::optional<nb::dict>& drafter) {
+               const std::optional<nb::dict>& drafter, int rank, int ranks, bool all_ranks) {
                 std::optional<DrafterSpec> spec;
                 if (drafter) {
                     const nb::dict& d = *drafter;
@@ -110,15 +146,18 @@ void bind_engine(nb::module_& m) {
                                        RopeTable{nb::cast<std::vector<float>>(d["inv_freq"]),
                                                  nb::cast<float>(d["attention_factor"]), false},
                                        nb::cast<std::vector<int>>(d["tap_layers"]), nb::cast<int>(d["window"])};
+                    spec->dims.own_lm_head = ranks > 1;  // a split target holds only a slice of its lm_head
                 }
-                new (self) Engine(parse_dims(dims), RopeTable{inv_freq, attention_factor, interleave}, streams,
-                                  max_context, budget, device, spec ? &*spec : nullptr);
+                new (self) Engine(parse_dims(dims, rank, ranks), RopeTable{inv_freq, attention_factor, interleave},
+                                  streams, max_context, budget, device, spec ? &*spec : nullptr, all_ranks);
             },
             nb::arg("dims"), nb::arg("inv_freq"), nb::arg("attention_factor"), nb::arg("interleave"),
             nb::arg("streams"), nb::arg("max_context"), nb::arg("budget"), nb::arg("device"),
-            nb::arg("drafter") = nb::none(),
+            nb::arg("drafter") = nb::none(), nb::arg("rank") = 0, nb::arg("ranks") = 1, nb::arg("all_ranks") = false,
             "drafter: None, or a dict of dims (ddtree.drafter_engine.drafter_dims), inv_freq, attention_factor, "
-            "tap_layers (the target layers of its context) and window (0: unbounded).")
+            "tap_layers (the target layers of its context) and window (0: unbounded). rank, ranks: the share of a "
+            "target split over `ranks` GPUs this engine holds (ddtree.shard); all_ranks: every rank on this GPU.")
+        .def_prop_ro("held_ranks", &Engine::held_ranks)
         .def_prop_ro("has_drafter", &Engine::has_drafter)
         .def_prop_ro("streams", &Engine::streams)
         .def_prop_ro("max_context", &Engine::max_context)
@@ -127,12 +166,14 @@ void bind_engine(nb::module_& m) {
         .def_prop_ro("device", &Engine::device)
         .def(
             "upload",
-            [](Engine& e, const std::string& name, HostArray a) { upload_host(e.weights(), name, a); },
-            nb::arg("name"), nb::arg("array"), "Copy one tensor (name without the weight prefix) to the device.")
+            [](Engine& e, const std::string& name, HostArray a, int rank) { upload_host(e.weights(rank), name, a); },
+            nb::arg("name"), nb::arg("array"), nb::arg("rank") = 0,
+            "Copy one tensor (name without the weight prefix; a split target's: held rank `rank`'s slice, "
+            "ddtree.shard) to the device.")
         .def(
             "upload_expert",
             [](Engine& e, int layer, int expert, HostArray gp, HostArray gs, HostArray up, HostArray us, HostArray dp,
-               HostArray ds) {
+               HostArray ds, int rank) {
                 // compressed-tensors layout: packed [out, in / 8] int32, scale [out, in / 32] bf16 bits
                 const ModelDims& d = e.dims();
                 const int64_t inter = d.moe_inter, hidden = d.hidden;
@@ -143,11 +184,12 @@ void bind_engine(nb::module_& m) {
                 const auto [gp_p, gs_p] = projection(gp, gs, "gate_packed", "gate_scale", inter, hidden);
                 const auto [up_p, us_p] = projection(up, us, "up_packed", "up_scale", inter, hidden);
                 const auto [dp_p, ds_p] = projection(dp, ds, "down_packed", "down_scale", hidden, inter);
+                Weights& weights = e.weights(rank);
                 nb::gil_scoped_release release;
-                e.weights().upload_expert(layer, expert, gp_p, gs_p, up_p, us_p, dp_p, ds_p);
+                weights.upload_expert(layer, expert, gp_p, gs_p, up_p, us_p, dp_p, ds_p);
             },
             nb::arg("layer"), nb::arg("expert"), nb::arg("gate_packed"), nb::arg("gate_scale"), nb::arg("up_packed"),
-            nb::arg("up_scale"), nb::arg("down_packed"), nb::arg("down_scale"))
+            nb::arg("up_scale"), nb::arg("down_packed"), nb::arg("down_scale"), nb::arg("rank") = 0)
         .def(
             "upload_drafter",
             [](Engine& e, const std::string& name, HostArray a) { upload_host(e.drafter_weights(), name, a); },
@@ -155,9 +197,21 @@ void bind_engine(nb::module_& m) {
         .def("randomize_drafter", [](Engine& e, uint64_t seed) { e.drafter_weights().randomize(seed); },
              nb::arg("seed"), nb::call_guard<nb::gil_scoped_release>())
         .def("drafter_missing", [](Engine& e) { return e.drafter_weights().missing(); })
-        .def("randomize_weights", [](Engine& e, uint64_t seed) { e.weights().randomize(seed); }, nb::arg("seed"),
-             nb::call_guard<nb::gil_scoped_release>())
-        .def("missing", [](Engine& e) { return e.weights().missing(); })
+        .def(
+            "randomize_weights",
+            [](Engine& e, uint64_t seed) {
+                // Each held rank its own draw, the replicated tensors included: random weights stand for no model.
+                for (int rank : e.held_ranks()) e.weights(rank).randomize(seed + rank);
+            },
+            nb::arg("seed"), nb::call_guard<nb::gil_scoped_release>())
+        .def(
+            "missing",
+            [](Engine& e) {
+                for (int rank : e.held_ranks()) {
+                    if (std::string m = e.weights(rank).missing(); !m.empty()) return m;
+                }
+                return std::string();
+            })
         .def("prefill", &Engine::prefill, nb::arg("prompts"), nb::arg("temperature"), nb::arg("seed"),
              nb::call_guard<nb::gil_scoped_release>())
         .def(

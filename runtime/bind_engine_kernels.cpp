@@ -27,16 +27,6 @@ namespace ddtree {
 
 namespace {
 
-// Extent i of argument `name`; too few dimensions is the caller's error, not an out-of-range read.
-int dim(const CudaArray& a, const char* name, size_t i) {
-    if (i >= a.ndim()) {
-        throw nb::value_error(("argument '" + std::string(name) + "' has " + std::to_string(a.ndim()) +
-                               " dimensions, too few")
-                                  .c_str());
-    }
-    return static_cast<int>(a.shape(i));
-}
-
 k::GemmEpilogue parse_epilogue(const std::string& name) {
     if (name == "bf16") return k::GemmEpilogue::kBf16;
     if (name == "f32") return k::GemmEpilogue::kF32;

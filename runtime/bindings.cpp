@@ -33,4 +33,5 @@ NB_MODULE(_native, m) {
     ddtree::bind_engine(m);
     ddtree::bind_tree(m);
     ddtree::bind_drafter(m);
+    ddtree::bind_rank_reduce(m);
 }

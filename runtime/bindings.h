@@ -19,5 +19,6 @@ void bind_moe(nanobind::module_& m);
 void bind_engine(nanobind::module_& m);  // after bind_kernels: adds to its submodule
 void bind_tree(nanobind::module_& m);    // after bind_kernels: adds to its submodule
 void bind_drafter(nanobind::module_& m);  // after bind_engine: a drafter is built beside an Engine
+void bind_rank_reduce(nanobind::module_& m);  // after bind_kernels: adds to its submodule
 
 }  // namespace ddtree

@@ -30,6 +30,11 @@ DrafterWeights::DrafterWeights(const DrafterDims& d, const k::bf16* embed_table,
     add("fc.weight", fc, h * d.context_width() * 2);
     add("hidden_norm.weight", hidden_norm, h * 2);
     add("norm.weight", final_norm, h * 2);
+    if (d.own_lm_head) {
+        owned_lm_head = take(d.vocab * h);
+        lm_head = owned_lm_head;
+        add("lm_head.weight", owned_lm_head, d.vocab * h * 2);
+    }
     for (int l = 0; l < d.layers; ++l) {
         DrafterLayerWeights& w = layers[l];
         w.input_norm = take(h);
@@ -79,6 +84,7 @@ void DrafterWeights::randomize(uint64_t seed) {
         fill(w.gate_up, 2 * h * d.inter, d.hidden);  // gate and up rows alike: no interleave needed
         fill(w.down, h * d.inter, d.inter);
     }
+    if (owned_lm_head != nullptr) fill(owned_lm_head, d.vocab * h, d.hidden);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     slots_.mark_all_uploaded();
 }

@@ -5,11 +5,14 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "cuda_check.h"
 #include "mla_attn.cuh"
+#include "rank_simulation.h"
 #include "rmsnorm.cuh"
 #include "router.cuh"
+#include "shard.h"
 
 namespace ddtree {
 
@@ -64,6 +67,28 @@ int forward_rows(int streams, int max_budget) {
                                               ArDecoder::kPrefillRows));
 }
 
+// A rank's dense MLP and shared expert widths are the GEMMs' K and (twice) their fused SiLU N: multiples of 8.
+void check_rank_widths(const ModelDims& d) {
+    if (!d.sharded()) return;
+    for (const auto& [field, width, present] :
+         {std::tuple<const char*, int, bool>{"intermediate_size", d.rank_inter(), d.first_dense > 0},
+          {"moe_intermediate_size", d.rank_shared_inter(), d.layers > d.first_dense}}) {
+        if (present && width % 8 != 0) {
+            throw std::invalid_argument("ranks " + std::to_string(d.shard.ranks) + " leaves " + std::to_string(width) +
+                                        " columns of the config's " + field +
+                                        " per rank: the GEMM kernels take multiples of 8; choose fewer ranks");
+        }
+    }
+}
+
+// The ranks a GPU computes: every rank of the shard, or its own (a whole model: rank 0 of 1).
+std::vector<int> held_ranks_of(const ModelDims& dims, bool all_ranks) {
+    if (!all_ranks) return {dims.shard.rank};
+    std::vector<int> held(dims.shard.ranks);
+    for (int r = 0; r < dims.shard.ranks; ++r) held[r] = r;
+    return held;
+}
+
 // Device buffers that only live through one eager verify (a test and benchmark entry; the round owns its own).
 class TemporaryBuffer {
   public:
@@ -82,8 +107,38 @@ class TemporaryBuffer {
 
 }  // namespace
 
+MemoryPlan Engine::plan_memory(const ModelDims& dims, int streams, int max_context, int max_budget,
+                               const DrafterSpec* drafter, int held_ranks) {
+    check_shard(dims);
+    check_rank_widths(dims);
+    // The same layout code as the constructor, through a counting arena.
+    const int rows = forward_rows(streams, max_budget);
+    MemoryPlan plan;
+    plan.weights = Weights::planned_bytes(dims, rows) * held_ranks;
+    DeviceArena arena(DeviceArena::Mode::kCount);
+    const LatentCache cache(dims, streams, max_context, tree_slots(max_budget), arena);
+    plan.kv = arena.bytes();
+    TargetModel::Scratch::lay_out(dims, rows, cache.stream_rows(), streams, arena);
+    if (dims.sharded()) RankSimulation::lay_out(dims.shard.ranks, rows, dims.hidden, arena);
+    RowBatch::lay_out(rows, max_budget + 1, arena);
+    DecodeState::lay_out(streams, max_context, arena);
+    const int block = drafter != nullptr ? drafter->dims.block : 0;
+    const int tap_width = drafter != nullptr ? drafter->dims.context_width() : 0;
+    DdtreeRound::State::lay_out(streams, max_budget, round_history(max_context), block, tap_width, arena);
+    plan.scratch = arena.bytes() - plan.kv;
+    plan.draft = drafter == nullptr ? 0
+                                    : DrafterModel::planned_bytes(drafter->dims, streams,
+                                                                  draft_capacity(*drafter, max_context),
+                                                                  DdtreeRound::max_append_rows(streams, block));
+    return plan;
+}
+
 size_t Engine::preflight(const ModelDims& dims, const RopeTable& rope, int streams, int max_context, int max_budget,
-                         int device, const DrafterSpec* drafter) {
+                         int device, const DrafterSpec* drafter, int held_ranks) {
+    check_shard(dims);
+    if (drafter != nullptr && drafter->dims.own_lm_head != dims.sharded()) {
+        throw std::invalid_argument("drafter: own_lm_head must be set exactly beside a split target");
+    }
     if (streams < 1 || streams > 1024) {
         throw std::invalid_argument("streams must be in 1..1024, got " + std::to_string(streams));
     }
@@ -125,23 +180,9 @@ size_t Engine::preflight(const ModelDims& dims, const RopeTable& rope, int strea
     }
     CUDA_CHECK(cudaSetDevice(device));
 
-    // The same layout code as the constructor, through a counting arena.
+    const MemoryPlan plan = plan_memory(dims, streams, max_context, max_budget, drafter, held_ranks);
+    const size_t weights = plan.weights, kv = plan.kv, scratch = plan.scratch, draft = plan.draft;
     const int rows = forward_rows(streams, max_budget);
-    DeviceArena plan(DeviceArena::Mode::kCount);
-    const size_t weights = Weights::planned_bytes(dims, rows);
-    const LatentCache cache(dims, streams, max_context, tree_slots(max_budget), plan);
-    const size_t kv = plan.bytes();
-    TargetModel::Scratch::lay_out(dims, rows, cache.stream_rows(), streams, plan);
-    RowBatch::lay_out(rows, max_budget + 1, plan);
-    DecodeState::lay_out(streams, max_context, plan);
-    const int block = drafter != nullptr ? drafter->dims.block : 0;
-    const int tap_width = drafter != nullptr ? drafter->dims.context_width() : 0;
-    DdtreeRound::State::lay_out(streams, max_budget, round_history(max_context), block, tap_width, plan);
-    const size_t scratch = plan.bytes() - kv;
-    const size_t draft = drafter == nullptr ? 0
-                                            : DrafterModel::planned_bytes(drafter->dims, streams,
-                                                                          draft_capacity(*drafter, max_context),
-                                                                          DdtreeRound::max_append_rows(streams, block));
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     if (weights + kv + scratch + draft + kHeadroomBytes > free_bytes) {
@@ -152,23 +193,25 @@ size_t Engine::preflight(const ModelDims& dims, const RopeTable& rope, int strea
                                     " (" + std::to_string(rows) + " rows per forward) + drafter " + gib(draft) + " + headroom " +
                                     gib(kHeadroomBytes) + " > free " + gib(free_bytes) + " of " + gib(total_bytes));
     }
-    return weights + kv + scratch + draft;
+    return plan.total();
 }
 
 Engine::Engine(const ModelDims& dims, const RopeTable& rope, int streams, int max_context, int max_budget,
-               int device, const DrafterSpec* drafter)
+               int device, const DrafterSpec* drafter, bool all_ranks)
     : dims_(dims), streams_(streams), max_context_(max_context), max_budget_(max_budget), device_(device),
       max_rows_(forward_rows(streams, max_budget)),
-      planned_bytes_(preflight(dims, rope, streams, max_context, max_budget, device, drafter)),
+      planned_bytes_(preflight(dims, rope, streams, max_context, max_budget, device, drafter,
+                               all_ranks ? dims.shard.ranks : 1)),
       arena_(DeviceArena::Mode::kAllocate),
       cache_(dims, streams, max_context, tree_slots(max_budget), arena_),
-      model_(dims, rope, cache_, max_rows_, device, arena_),
+      model_(dims, rope, cache_, max_rows_, device, arena_, held_ranks_of(dims, all_ranks)),
       eager_rows_(RowBatch::lay_out(max_rows_, max_budget + 1, arena_)),
       decoder_(model_, cache_, eager_rows_, DecodeState::lay_out(streams, max_context, arena_)),
       drafter_(drafter == nullptr
                    ? nullptr
                    : std::make_unique<DrafterModel>(drafter->dims, drafter->rope, model_.weights().embed,
-                                                    model_.weights().lm_head, streams,
+                                                    drafter->dims.own_lm_head ? nullptr : model_.weights().lm_head,
+                                                    streams,
                                                     draft_capacity(*drafter, max_context),
                                                     DdtreeRound::max_append_rows(streams, drafter->dims.block),
                                                     model_.stream(), arena_)),
@@ -186,8 +229,11 @@ DrafterWeights& Engine::drafter_weights() {
 
 void Engine::check_weights() {
     CUDA_CHECK(cudaSetDevice(device_));
-    if (const std::string m = model_.weights().missing(); !m.empty()) {
-        throw std::invalid_argument("weights are incomplete: '" + m + "' was never uploaded");
+    for (int rank : model_.held()) {
+        if (const std::string m = model_.weights(rank).missing(); !m.empty()) {
+            throw std::invalid_argument("weights are incomplete: '" + m + "' was never uploaded" +
+                                        (dims_.sharded() ? " to rank " + std::to_string(rank) : std::string()));
+        }
     }
     if (drafter_ != nullptr) {
         if (const std::string m = drafter_->weights().missing(); !m.empty()) {

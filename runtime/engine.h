@@ -49,13 +49,22 @@ struct DrafterSpec {
     int window = 0;
 };
 
+// The device bytes an engine takes (what the pre-flight compares with free memory), by part.
+struct MemoryPlan {
+    size_t weights = 0, kv = 0, scratch = 0, draft = 0;
+    size_t total() const { return weights + kv + scratch + draft; }
+};
+
 class Engine {
   public:
     // max_budget: the most drafted nodes per stream a verify takes (0: autoregressive only). Forwards take
     // max(streams x (max_budget + 1), prefill rows) rows. With `drafter`, the engine holds it too (its weights,
     // draft cache and scratch counted by the pre-flight) and runs DDTree rounds with it.
+    // A split target (dims.shard, shard.h) holds rank dims.shard.rank with its peers simulated, or with
+    // `all_ranks` every rank on this GPU (rank_simulation.h); its drafter (whole on every rank) then holds the whole
+    // lm_head itself (DrafterDims::own_lm_head).
     Engine(const ModelDims& dims, const RopeTable& rope, int streams, int max_context, int max_budget, int device,
-           const DrafterSpec* drafter = nullptr);
+           const DrafterSpec* drafter = nullptr, bool all_ranks = false);
     ~Engine() = default;
     Engine(const Engine&) = delete;
     Engine& operator=(const Engine&) = delete;
@@ -67,6 +76,12 @@ class Engine {
     int max_rows() const { return max_rows_; }
     int device() const { return device_; }
     Weights& weights() { return model_.weights(); }
+    // A held rank's weights (std::invalid_argument naming `rank` when it is not held).
+    Weights& weights(int rank) { return model_.weights(rank); }
+    const std::vector<int>& held_ranks() const { return model_.held(); }
+    // The memory an engine of these arguments takes, counted without a device: the constructor's own layout.
+    static MemoryPlan plan_memory(const ModelDims& dims, int streams, int max_context, int max_budget,
+                                  const DrafterSpec* drafter, int held_ranks);
     // The drafter's weights (std::invalid_argument when the engine has no drafter).
     DrafterWeights& drafter_weights();
     bool has_drafter() const { return drafter_ != nullptr; }
@@ -110,7 +125,7 @@ class Engine {
     // Checks the arguments, selects the device and compares the planned bytes with its free memory (throws with
     // the numbers); returns the plan.
     static size_t preflight(const ModelDims& dims, const RopeTable& rope, int streams, int max_context,
-                            int max_budget, int device, const DrafterSpec* drafter);
+                            int max_budget, int device, const DrafterSpec* drafter, int held_ranks);
     void check_weights();
     // Rows of the trees in a batch (validated); `tap_layers` checked against the model's layers.
     RowBatchBuilder tree_rows(const std::vector<VerifyTree>& trees) const;

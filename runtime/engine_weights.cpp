@@ -26,7 +26,7 @@ Weights::ExpertProjectionBytes Weights::expert_projection_bytes(const ModelDims&
 }
 
 bool Weights::marlin_supported(const ModelDims& d) {
-    return k::moe::layer_supported(d.hidden, d.moe_inter, d.experts, d.topk);
+    return k::moe::layer_supported(d.hidden, d.moe_inter, d.rank_experts(), d.topk);
 }
 
 size_t Weights::planned_bytes(const ModelDims& d, int max_tokens) {
@@ -51,12 +51,13 @@ void Weights::lay_out(int max_tokens) {
     const size_t h = d.hidden;
     auto alloc_bf16 = [&](size_t count) { return arena_.take<k::bf16>(count); };
     auto alloc_bytes = [&](size_t bytes) { return arena_.take_bytes(bytes); };
+    const size_t heads = d.rank_heads();
     embed = alloc_bf16(d.vocab * h);
     final_norm = alloc_bf16(h);
-    lm_head = alloc_bf16(d.vocab * h);
+    lm_head = alloc_bf16(d.rank_vocab() * h);
     add("model.embed_tokens.weight", embed, d.vocab * h * 2);
     add("model.norm.weight", final_norm, h * 2);
-    add("lm_head.weight", lm_head, d.vocab * h * 2);
+    add("lm_head.weight", lm_head, d.rank_vocab() * h * 2);
     std::shared_ptr<const MoeWorkspace> moe_workspace;  // one for every fused MoE layer (they run in turn)
     for (int l = 0; l < d.layers; ++l) {
         LayerWeights& w = layers[l];
@@ -65,10 +66,10 @@ void Weights::lay_out(int max_tokens) {
         w.qkv_a = alloc_bf16(static_cast<size_t>(d.qkv_a()) * h);
         w.q_a_norm = alloc_bf16(d.q_lora);
         w.kv_a_norm = alloc_bf16(d.kv_lora);
-        w.q_b = alloc_bf16(static_cast<size_t>(d.heads) * d.qk() * d.q_lora);
-        w.kv_b = alloc_bf16(static_cast<size_t>(d.heads) * (d.nope + d.v) * d.kv_lora);
-        w.w_uk_t = alloc_bf16(static_cast<size_t>(d.heads) * d.kv_lora * d.nope);
-        w.o_proj = alloc_bf16(h * d.heads * d.v);
+        w.q_b = alloc_bf16(heads * d.qk() * d.q_lora);
+        w.kv_b = alloc_bf16(heads * (d.nope + d.v) * d.kv_lora);
+        w.w_uk_t = alloc_bf16(heads * d.kv_lora * d.nope);
+        w.o_proj = alloc_bf16(h * heads * d.v);
         add(layer_name(l, "input_layernorm.weight"), w.input_norm, h * 2);
         add(layer_name(l, "post_attention_layernorm.weight"), w.post_norm, h * 2);
         add(layer_name(l, "self_attn.q_a_proj.weight"), w.qkv_a, d.q_lora * h * 2);
@@ -76,12 +77,12 @@ void Weights::lay_out(int max_tokens) {
             (d.kv_lora + d.rope) * h * 2);
         add(layer_name(l, "self_attn.q_a_layernorm.weight"), w.q_a_norm, d.q_lora * 2);
         add(layer_name(l, "self_attn.kv_a_layernorm.weight"), w.kv_a_norm, d.kv_lora * 2);
-        add(layer_name(l, "self_attn.q_b_proj.weight"), w.q_b, static_cast<size_t>(d.heads) * d.qk() * d.q_lora * 2);
-        add(layer_name(l, "self_attn.kv_b_proj.weight"), w.kv_b,
-            static_cast<size_t>(d.heads) * (d.nope + d.v) * d.kv_lora * 2, Kind::kDerived, l);
-        add(layer_name(l, "self_attn.o_proj.weight"), w.o_proj, h * d.heads * d.v * 2);
+        add(layer_name(l, "self_attn.q_b_proj.weight"), w.q_b, heads * d.qk() * d.q_lora * 2);
+        add(layer_name(l, "self_attn.kv_b_proj.weight"), w.kv_b, heads * (d.nope + d.v) * d.kv_lora * 2,
+            Kind::kDerived, l);
+        add(layer_name(l, "self_attn.o_proj.weight"), w.o_proj, h * heads * d.v * 2);
         const bool moe = d.is_moe(l);
-        const size_t mlp = moe ? d.shared_inter : d.inter;
+        const size_t mlp = moe ? d.rank_shared_inter() : d.rank_inter();
         const std::string prefix = moe ? "mlp.shared_experts." : "mlp.";
         w.gate_up = alloc_bf16(2 * mlp * h);
         w.down = alloc_bf16(mlp * h);
@@ -95,10 +96,10 @@ void Weights::lay_out(int max_tokens) {
         w.router_bias = static_cast<float*>(alloc_bytes(d.experts * sizeof(float)));
         add(layer_name(l, "mlp.gate.weight"), w.router, d.experts * h * 2);
         add(layer_name(l, "mlp.gate.e_score_correction_bias"), w.router_bias, d.experts * 4);
-        w.expert_uploaded.assign(d.experts, false);
-        experts_missing_ += d.experts;
+        w.expert_uploaded.assign(d.rank_experts(), false);
+        experts_missing_ += d.rank_experts();
         if (marlin_supported(d)) {
-            const MoeLayerShape shape{d.experts, d.hidden, d.moe_inter, d.topk, max_tokens,
+            const MoeLayerShape shape{d.rank_experts(), d.hidden, d.moe_inter, d.topk, max_tokens,
                                       d.routed_scaling_factor};
             if (arena_.counting()) {  // the first MoE layer's workspace is every layer's
                 arena_.count(MoeLayer::weight_bytes(shape) + (l == d.first_dense ? MoeWorkspace::bytes(shape) : 0));
@@ -108,7 +109,7 @@ void Weights::lay_out(int max_tokens) {
             }
         } else {
             const ExpertProjectionBytes one = expert_projection_bytes(d);
-            const size_t packed = one.packed * d.experts, scales = one.scales * d.experts;
+            const size_t packed = one.packed * d.rank_experts(), scales = one.scales * d.rank_experts();
             auto scale_buffer = [&] { return static_cast<k::bf16*>(alloc_bytes(scales)); };
             w.plain = k::Int4Experts{static_cast<int32_t*>(alloc_bytes(packed)), scale_buffer(),
                                      static_cast<int32_t*>(alloc_bytes(packed)), scale_buffer(),
@@ -137,7 +138,8 @@ void Weights::upload(const std::string& name, const void* host, size_t bytes) {
         derive_w_uk_t(slot.layer);
     } else if (slot.kind != Kind::kPlain) {
         slots_.interleave_if_ready(slot.layer, layers[slot.layer].gate_up,
-                                   dims_.is_moe(slot.layer) ? dims_.shared_inter : dims_.inter, dims_.hidden, stream_);
+                                   dims_.is_moe(slot.layer) ? dims_.rank_shared_inter() : dims_.rank_inter(),
+                                   dims_.hidden, stream_);
     }
 }
 
@@ -145,7 +147,7 @@ void Weights::upload(const std::string& name, const void* host, size_t bytes) {
 void Weights::derive_w_uk_t(int layer) {
     const ModelDims& d = dims_;
     LayerWeights& w = layers[layer];
-    for (int h = 0; h < d.heads; ++h) {
+    for (int h = 0; h < d.rank_heads(); ++h) {
         CUDA_CHECK(k::transpose_bf16(w.w_uk_t + static_cast<size_t>(h) * d.kv_lora * d.nope,
                                      w.kv_b + static_cast<size_t>(h) * (d.nope + d.v) * d.kv_lora, 1, d.nope,
                                      d.kv_lora, stream_));
@@ -163,6 +165,13 @@ void Weights::upload_expert(int layer, int expert, const int32_t* gate_packed, c
         throw std::invalid_argument("expert " + std::to_string(expert) + " is outside 0.." +
                                     std::to_string(d.experts - 1));
     }
+    if (expert < d.first_expert() || expert >= d.first_expert() + d.rank_experts()) {
+        throw std::invalid_argument("expert " + std::to_string(expert) + " is not held by rank " +
+                                    std::to_string(d.shard.rank) + " of " + std::to_string(d.shard.ranks) +
+                                    " (experts " + std::to_string(d.first_expert()) + ".." +
+                                    std::to_string(d.first_expert() + d.rank_experts() - 1) + ")");
+    }
+    expert -= d.first_expert();  // the slot of this rank's experts
     CUDA_CHECK(cudaSetDevice(device_));
     LayerWeights& w = layers[layer];
     const auto [packed, scales] = expert_projection_bytes(d);
@@ -215,7 +224,7 @@ void Weights::randomize(uint64_t seed) {
     const size_t h = d.hidden;
     fill(embed, d.vocab * h, 1);
     fill(final_norm, h, 0);
-    fill(lm_head, d.vocab * h, d.hidden);
+    fill(lm_head, d.rank_vocab() * h, d.hidden);
     for (int l = 0; l < d.layers; ++l) {
         LayerWeights& w = layers[l];
         fill(w.input_norm, h, 0);
@@ -223,13 +232,15 @@ void Weights::randomize(uint64_t seed) {
         fill(w.qkv_a, d.qkv_a() * h, d.hidden);
         fill(w.q_a_norm, d.q_lora, 0);
         fill(w.kv_a_norm, d.kv_lora, 0);
-        fill(w.q_b, static_cast<size_t>(d.heads) * d.qk() * d.q_lora, d.q_lora);
-        fill(w.kv_b, static_cast<size_t>(d.heads) * (d.nope + d.v) * d.kv_lora, d.kv_lora);
+        // Fan-ins are the whole model's: a rank's partial sums then add up to sums of the whole model's scale.
+        const size_t heads = d.rank_heads();
+        fill(w.q_b, heads * d.qk() * d.q_lora, d.q_lora);
+        fill(w.kv_b, heads * (d.nope + d.v) * d.kv_lora, d.kv_lora);
         derive_w_uk_t(l);
-        fill(w.o_proj, h * d.heads * d.v, d.heads * d.v);
-        const size_t mlp = d.is_moe(l) ? d.shared_inter : d.inter;
+        fill(w.o_proj, h * heads * d.v, d.heads * d.v);
+        const size_t mlp = d.is_moe(l) ? d.rank_shared_inter() : d.rank_inter();
         fill(w.gate_up, 2 * mlp * h, d.hidden);
-        fill(w.down, mlp * h, static_cast<int>(mlp));
+        fill(w.down, mlp * h, d.is_moe(l) ? d.shared_inter : d.inter);
         if (!d.is_moe(l)) {
             continue;
         }
@@ -237,22 +248,22 @@ void Weights::randomize(uint64_t seed) {
         CUDA_CHECK(cudaMemsetAsync(w.router_bias, 0, d.experts * sizeof(float), stream_));
         if (w.marlin) {
             // Bytes in [0x30, 0x3c]: every bf16 scale these bytes can form is finite and small.
-            CUDA_CHECK(k::fill_random_bytes(w.marlin->w13(), w.marlin->w13_bytes_per_expert() * d.experts, ++salt,
-                                            0x30, 0x3c, stream_));
-            CUDA_CHECK(k::fill_random_bytes(w.marlin->w2(), w.marlin->w2_bytes_per_expert() * d.experts, ++salt,
-                                            0x30, 0x3c, stream_));
+            CUDA_CHECK(k::fill_random_bytes(w.marlin->w13(), w.marlin->w13_bytes_per_expert() * d.rank_experts(),
+                                            ++salt, 0x30, 0x3c, stream_));
+            CUDA_CHECK(k::fill_random_bytes(w.marlin->w2(), w.marlin->w2_bytes_per_expert() * d.rank_experts(),
+                                            ++salt, 0x30, 0x3c, stream_));
         } else {
             const ExpertProjectionBytes one = expert_projection_bytes(d);
             for (const k::bf16* scale : {w.plain.gate_scale, w.plain.up_scale, w.plain.down_scale}) {
-                CUDA_CHECK(k::fill_random_bf16(const_cast<k::bf16*>(scale), one.scales / 2 * d.experts, ++salt,
-                                               0.005f, 0.01f, stream_));
+                CUDA_CHECK(k::fill_random_bf16(const_cast<k::bf16*>(scale), one.scales / 2 * d.rank_experts(),
+                                               ++salt, 0.005f, 0.01f, stream_));
             }
             for (const int32_t* packed : {w.plain.gate_packed, w.plain.up_packed, w.plain.down_packed}) {
                 CUDA_CHECK(k::fill_random_bytes(reinterpret_cast<uint8_t*>(const_cast<int32_t*>(packed)),
-                                                one.packed * d.experts, ++salt, 0, 255, stream_));
+                                                one.packed * d.rank_experts(), ++salt, 0, 255, stream_));
             }
         }
-        w.expert_uploaded.assign(d.experts, true);
+        w.expert_uploaded.assign(d.rank_experts(), true);
     }
     experts_missing_ = 0;
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -265,7 +276,9 @@ std::string Weights::missing() const {
     if (std::string m = slots_.missing(); !m.empty()) return m;
     for (int l = 0; l < dims_.layers; ++l) {
         for (int e = 0; e < static_cast<int>(layers[l].expert_uploaded.size()); ++e) {
-            if (!layers[l].expert_uploaded[e]) return layer_name(l, "mlp.experts.") + std::to_string(e);
+            if (!layers[l].expert_uploaded[e]) {
+                return layer_name(l, "mlp.experts.") + std::to_string(dims_.first_expert() + e);
+            }
         }
     }
     return "";

@@ -4,6 +4,8 @@
 // - gate_proj / up_proj interleaved in blocks of 8 rows for the GEMM's fused SiLU epilogue;
 // - routed experts repacked on the device for the Marlin-style MoE kernel, or kept in checkpoint layout for the
 //   plain INT4 kernel when the shape is one the fused kernel does not take.
+// On a split target (dims.shard, shard.h) it holds one rank's share, in the same layouts, and takes each tensor as
+// the loader sliced it for that rank (ddtree.shard); experts by their global ids.
 // Uploads are by HF tensor name from host memory (Python's memory-mapped checkpoint views); each is checked
 // against the expected byte size so a wrong tensor never overruns a buffer.
 #pragma once
@@ -45,6 +47,7 @@ class Weights {
     // Device bytes the weights of `dims` take (the engine's memory pre-flight): the constructor's own layout,
     // walked without allocating, so the plan and the allocations never disagree.
     static size_t planned_bytes(const ModelDims& dims, int max_tokens);
+    // Whether the fused MoE kernel takes this rank's routed experts.
     static bool marlin_supported(const ModelDims& dims);
     // Checkpoint bytes of one expert's projection (gate, up or down): packed 4-bit weights, bf16 group-32 scales.
     struct ExpertProjectionBytes {

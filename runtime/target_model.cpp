@@ -12,6 +12,7 @@
 #include "gemm.cuh"
 #include "mla_attn.cuh"
 #include "rmsnorm.cuh"
+#include "rank_simulation.h"
 #include "rope.cuh"
 #include "router.cuh"
 #include "sample.cuh"
@@ -27,13 +28,15 @@ using GemmShape = std::array<int, 3>;  // n, k, batch
 
 // The projections of the main stream, and the shared expert's, which runs beside the routed experts on the side
 // stream with scratch of its own (split-K partials and counters must not be shared by concurrent GEMMs).
+// A split target's GEMMs are its rank's shares (model_dims.h); a whole model's rank is the whole.
 std::vector<GemmShape> main_gemms(const ModelDims& d) {
-    return {{d.qkv_a(), d.hidden, 1},      {d.heads * d.qk(), d.q_lora, 1}, {d.kv_lora, d.nope, d.heads},
-            {d.v, d.kv_lora, d.heads},     {d.hidden, d.heads * d.v, 1},    {2 * d.inter, d.hidden, 1},
-            {d.hidden, d.inter, 1},        {d.experts, d.hidden, 1},        {d.vocab, d.hidden, 1}};
+    const int heads = d.rank_heads(), inter = d.rank_inter();
+    return {{d.qkv_a(), d.hidden, 1},  {heads * d.qk(), d.q_lora, 1}, {d.kv_lora, d.nope, heads},
+            {d.v, d.kv_lora, heads},   {d.hidden, heads * d.v, 1},    {2 * inter, d.hidden, 1},
+            {d.hidden, inter, 1},      {d.experts, d.hidden, 1},      {d.rank_vocab(), d.hidden, 1}};
 }
 std::vector<GemmShape> shared_expert_gemms(const ModelDims& d) {
-    return {{2 * d.shared_inter, d.hidden, 1}, {d.hidden, d.shared_inter, 1}};
+    return {{2 * d.rank_shared_inter(), d.hidden, 1}, {d.hidden, d.rank_shared_inter(), 1}};
 }
 
 // A side stream forked from the main stream at construction (it waits for the main stream's work so far) and
@@ -106,6 +109,7 @@ TargetModel::Scratch TargetModel::Scratch::lay_out(const ModelDims& d, int max_r
     s.topk_weights = f32(r * d.topk);
     s.logits = f32(r * d.vocab);
     s.topk_ids = i32(r * d.topk);
+    s.local_ids = i32(r * d.topk);
     s.routing = i32(static_cast<size_t>(d.moe_layers()) * r * d.topk);
     s.tokens = i32(r);
     s.nonfinite_at = i32(streams);
@@ -125,13 +129,17 @@ TargetModel::Scratch TargetModel::Scratch::lay_out(const ModelDims& d, int max_r
 }
 
 TargetModel::TargetModel(const ModelDims& dims, const RopeTable& rope, const LatentCache& cache, int max_rows,
-                         int device, DeviceArena& arena)
-    : dims_(dims), rope_(rope), cache_(cache), max_rows_(max_rows) {
+                         int device, DeviceArena& arena, const std::vector<int>& held)
+    : dims_(dims), rope_(rope), cache_(cache), max_rows_(max_rows), held_(held) {
     try {
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
         CUDA_CHECK(cudaEventCreateWithFlags(&side_event_, cudaEventDisableTiming));
-        weights_ = std::make_unique<Weights>(dims, device, max_rows, stream_);
+        for (int rank : held_) weights_.push_back(std::make_unique<Weights>(dims.for_rank(rank), device, max_rows,
+                                                                            stream_));
+        if (dims.sharded()) {
+            collectives_ = std::make_unique<RankSimulation>(dims.shard.ranks, held_, max_rows, dims.hidden, arena);
+        }
         s_ = Scratch::lay_out(dims, max_rows, cache.stream_rows(), cache.streams(), arena);
         CUDA_CHECK(cudaMemsetAsync(s_.gemm_counters, 0, std::max<size_t>(s_.gemm_counter_count, 4) * 4, stream_));
         CUDA_CHECK(cudaMemsetAsync(s_.shared_gemm_counters, 0, std::max<size_t>(s_.shared_gemm_counter_count, 4) * 4,
@@ -141,7 +149,7 @@ TargetModel::TargetModel(const ModelDims& dims, const RopeTable& rope, const Lat
                                    cudaMemcpyHostToDevice, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     } catch (...) {
-        weights_.reset();
+        weights_.clear();
         if (side_event_ != nullptr) cudaEventDestroy(side_event_);
         if (side_stream_ != nullptr) cudaStreamDestroy(side_stream_);
         if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -150,7 +158,7 @@ TargetModel::TargetModel(const ModelDims& dims, const RopeTable& rope, const Lat
 }
 
 TargetModel::~TargetModel() {
-    weights_.reset();
+    weights_.clear();
     cudaEventDestroy(side_event_);
     cudaStreamDestroy(side_stream_);
     cudaStreamDestroy(stream_);
@@ -167,10 +175,30 @@ void TargetModel::tap(const ForwardOutputs& outputs, int layer, OpTimeline* time
     });
 }
 
+Weights& TargetModel::weights(int rank) {
+    for (size_t i = 0; i < held_.size(); ++i) {
+        if (held_[i] == rank) return *weights_[i];
+    }
+    throw std::invalid_argument("rank " + std::to_string(rank) + " is not held by this engine");
+}
+
+void TargetModel::routed_experts(int i, int l, const int32_t* ids, bf16* out, int n) {
+    const ModelDims& d = dims_;
+    const LayerWeights& lw = weights_[i]->layers[l];
+    if (lw.marlin) {
+        lw.marlin->forward(s_.xn, ids, s_.topk_weights, nullptr, out, n, stream_);
+    } else {
+        CUDA_CHECK(k::experts_int4_forward(out, s_.expert_act, s_.xn, ids, s_.topk_weights, n, d.topk,
+                                           d.routed_scaling_factor, lw.plain, stream_));
+    }
+}
+
 void TargetModel::forward(const RowBatch& rows, int n, int n_logits, int span, const ForwardOutputs& outputs,
                           OpTimeline* timeline) {
     const ModelDims& d = dims_;
-    const Weights& w = *weights_;
+    const Weights& w = *weights_.front();  // the replicated tensors: every held rank has the same
+    const bool split = d.sharded();
+    const int heads = d.rank_heads();
     cudaStream_t s = stream_;
     auto op = [&](const char* name, auto&& launch) { timed_op(timeline, name, launch); };
     // A stream with the split-K scratch of the GEMMs it runs: concurrent GEMMs must not share scratch.
@@ -196,8 +224,15 @@ void TargetModel::forward(const RowBatch& rows, int n, int n_logits, int span, c
                     int rows_m, int n_out, int k_in, k::GemmEpilogue epi, k::GemmBatch batch = {}) {
         gemm_on(main_lane, name, x, ldx, weight, out, ldo, rows_m, n_out, k_in, epi, batch);
     };
+    // Rank-order sum of the held ranks' partials of `terms` x [n, hidden] into delta (collectives.h).
+    auto sum_partials = [&](int terms) {
+        op("sum_partials", [&] { collectives_->sum_partials(terms, n, d.hidden, s_.delta, s); });
+    };
+    auto partial = [&](int i, int terms) {
+        return collectives_->partial_slot(held_[i], static_cast<size_t>(terms) * n * d.hidden);
+    };
     const k::RopeParams rope{s_.rope, rope_.attention_factor, d.rope, rope_.interleave};
-    const k::MlaDims mla{d.heads, d.kv_lora, d.rope};
+    const k::MlaDims mla{heads, d.kv_lora, d.rope};
     const k::MlaTreeKeys tree_keys{rows.key_start, rows.key_nodes, rows.key_stride};
 
     op("embed", [&] { CUDA_CHECK(k::gather_rows(s_.x, d.hidden, w.embed, d.hidden, rows.ids, n, d.hidden, s)); });
@@ -222,68 +257,99 @@ void TargetModel::forward(const RowBatch& rows, int n, int n_logits, int span, c
             CUDA_CHECK(k::mla_store_kv(cache, rows.slots, s_.qkv + d.q_lora, d.qkv_a(), lw.kv_a_norm, d.lora_eps,
                                        d.kv_lora, rows.positions, n, rope, s));
         });
-        gemm("q_b", s_.qn, d.q_lora, lw.q_b, s_.q, d.heads * d.qk(), n, d.heads * d.qk(), d.q_lora,
-             k::GemmEpilogue::kBf16);
-        gemm("kv_b_absorb_k", s_.q, d.heads * d.qk(), lw.w_uk_t, s_.q_abs, d.heads * d.latent_row(), n, d.kv_lora,
-             d.nope,
-             k::GemmEpilogue::kBf16,
-             {d.heads, d.qk(), static_cast<int64_t>(d.kv_lora) * d.nope, d.latent_row()});
-        op("rope_q", [&] {
-            CUDA_CHECK(k::rope_queries(s_.q_abs, d.heads * d.latent_row(), d.latent_row(), d.kv_lora, s_.q,
-                                       d.heads * d.qk(), d.qk(), d.nope, rows.positions, n, d.heads, rope, s));
-        });
-        op("attention", [&] {
-            CUDA_CHECK(k::mla_attention(s_.o_lat, s_.q_abs, cache, cache_.layer_rows(), rows.kv_start, rows.kv_len, n,
-                                        span, mla, d.softmax_scale, s_.attn_ws, s, tree_keys));
-        });
-        gemm("kv_b_absorb_v", s_.o_lat, d.heads * d.kv_lora, lw.kv_b + static_cast<size_t>(d.nope) * d.kv_lora,
-             s_.v_out,
-             d.heads * d.v, n, d.v, d.kv_lora, k::GemmEpilogue::kBf16,
-             {d.heads, d.kv_lora, static_cast<int64_t>(d.nope + d.v) * d.kv_lora, d.v});
-        gemm("o_proj", s_.v_out, d.heads * d.v, lw.o_proj, s_.delta, d.hidden, n, d.hidden, d.heads * d.v,
-             k::GemmEpilogue::kBf16);
+        // Each held rank's heads, their o_proj output into `out` (a partial sum when split).
+        auto attend = [&](const LayerWeights& hw, bf16* out) {
+            gemm("q_b", s_.qn, d.q_lora, hw.q_b, s_.q, heads * d.qk(), n, heads * d.qk(), d.q_lora,
+                 k::GemmEpilogue::kBf16);
+            gemm("kv_b_absorb_k", s_.q, heads * d.qk(), hw.w_uk_t, s_.q_abs, heads * d.latent_row(), n, d.kv_lora,
+                 d.nope, k::GemmEpilogue::kBf16,
+                 {heads, d.qk(), static_cast<int64_t>(d.kv_lora) * d.nope, d.latent_row()});
+            op("rope_q", [&] {
+                CUDA_CHECK(k::rope_queries(s_.q_abs, heads * d.latent_row(), d.latent_row(), d.kv_lora, s_.q,
+                                           heads * d.qk(), d.qk(), d.nope, rows.positions, n, heads, rope, s));
+            });
+            op("attention", [&] {
+                CUDA_CHECK(k::mla_attention(s_.o_lat, s_.q_abs, cache, cache_.layer_rows(), rows.kv_start,
+                                            rows.kv_len, n, span, mla, d.softmax_scale, s_.attn_ws, s, tree_keys));
+            });
+            gemm("kv_b_absorb_v", s_.o_lat, heads * d.kv_lora, hw.kv_b + static_cast<size_t>(d.nope) * d.kv_lora,
+                 s_.v_out, heads * d.v, n, d.v, d.kv_lora, k::GemmEpilogue::kBf16,
+                 {heads, d.kv_lora, static_cast<int64_t>(d.nope + d.v) * d.kv_lora, d.v});
+            gemm("o_proj", s_.v_out, heads * d.v, hw.o_proj, out, d.hidden, n, d.hidden, heads * d.v,
+                 k::GemmEpilogue::kBf16);
+        };
+        if (split) {
+            for (size_t i = 0; i < held_.size(); ++i) attend(weights_[i]->layers[l], partial(i, 1));
+            sum_partials(1);
+        } else {
+            attend(lw, s_.delta);
+        }
         op("norm", [&] {
             CUDA_CHECK(k::add_rmsnorm(s_.xn, s_.x, s_.delta, nullptr, lw.post_norm, n, d.hidden, d.rms_eps, s));
         });
         if (!d.is_moe(l)) {
-            gemm("mlp_gate_up", s_.xn, d.hidden, lw.gate_up, s_.act, d.inter, n, 2 * d.inter, d.hidden,
-                 k::GemmEpilogue::kSiluMul);
-            gemm("mlp_down", s_.act, d.inter, lw.down, s_.delta, d.hidden, n, d.hidden, d.inter,
-                 k::GemmEpilogue::kBf16);
+            const int inter = d.rank_inter();
+            auto dense = [&](const LayerWeights& mw, bf16* out) {
+                gemm("mlp_gate_up", s_.xn, d.hidden, mw.gate_up, s_.act, inter, n, 2 * inter, d.hidden,
+                     k::GemmEpilogue::kSiluMul);
+                gemm("mlp_down", s_.act, inter, mw.down, out, d.hidden, n, d.hidden, inter, k::GemmEpilogue::kBf16);
+            };
+            if (split) {
+                for (size_t i = 0; i < held_.size(); ++i) dense(weights_[i]->layers[l], partial(i, 1));
+                sum_partials(1);
+            } else {
+                dense(lw, s_.delta);
+            }
             pending = s_.delta;
             pending2 = nullptr;
             continue;
         }
-        ForkedStream shared_expert(concurrent, s, side_stream_, side_event_);  // after the norm, before the router
+        const int shared_inter = d.rank_shared_inter();
+        // The router (replicated) once; then per held rank its shared expert's columns beside its routed experts.
+        ForkedStream router_fork(concurrent && !split, s, side_stream_, side_event_);  // after the norm
         // The router launches first: its CTAs take the SMs before the shared expert's, which fill the gaps after.
         gemm("router", s_.xn, d.hidden, lw.router, s_.router_logits, d.experts, n, d.experts, d.hidden,
              k::GemmEpilogue::kF32);
-        gemm_on(shared_lane, "shared_gate_up", s_.xn, d.hidden, lw.gate_up, s_.act, d.shared_inter, n,
-                2 * d.shared_inter, d.hidden, k::GemmEpilogue::kSiluMul);
-        gemm_on(shared_lane, "shared_down", s_.act, d.shared_inter, lw.down, s_.delta, d.hidden, n, d.hidden,
-                d.shared_inter, k::GemmEpilogue::kBf16);
+        auto shared_expert = [&](const LayerWeights& mw, bf16* out) {
+            gemm_on(shared_lane, "shared_gate_up", s_.xn, d.hidden, mw.gate_up, s_.act, shared_inter, n,
+                    2 * shared_inter, d.hidden, k::GemmEpilogue::kSiluMul);
+            gemm_on(shared_lane, "shared_down", s_.act, shared_inter, mw.down, out, d.hidden, n, d.hidden,
+                    shared_inter, k::GemmEpilogue::kBf16);
+        };
+        if (!split) shared_expert(lw, s_.delta);
         op("router", [&] {
             CUDA_CHECK(k::route_topk(s_.topk_ids, s_.topk_weights, s_.router_logits, lw.router_bias, n, d.experts,
-                                     d.topk,
-                                     d.norm_topk_prob, s));
+                                     d.topk, d.norm_topk_prob, s));
         });
         if (outputs.capture_routing) {
             const size_t ids = static_cast<size_t>(n) * d.topk;
             CUDA_CHECK(cudaMemcpyAsync(s_.routing + (l - d.first_dense) * ids, s_.topk_ids, ids * sizeof(int32_t),
                                        cudaMemcpyDeviceToDevice, s));
         }
-        op("routed_experts", [&] {
-            if (lw.marlin) {
-                lw.marlin->forward(s_.xn, s_.topk_ids, s_.topk_weights, nullptr, s_.delta2, n, s);
-            } else {
-                CUDA_CHECK(k::experts_int4_forward(s_.delta2, s_.expert_act, s_.xn, s_.topk_ids, s_.topk_weights, n,
-                                                   d.topk,
-                                                   d.routed_scaling_factor, lw.plain, s));
-            }
-        });
-        shared_expert.join();  // delta is read by the next norm, and a capture must end with every stream joined
+        if (!split) {
+            op("routed_experts", [&] { routed_experts(0, l, s_.topk_ids, s_.delta2, n); });
+            router_fork.join();  // delta is read by the next norm, and a capture must end with every stream joined
+            pending = s_.delta;
+            pending2 = s_.delta2;
+            continue;
+        }
+        for (size_t i = 0; i < held_.size(); ++i) {
+            bf16* terms = partial(i, 2);  // [shared expert, routed experts] of this rank
+            ForkedStream fork(concurrent, s, side_stream_, side_event_);
+            shared_expert(weights_[i]->layers[l], terms);
+            const ModelDims rank_dims = d.for_rank(held_[i]);
+            op("localize_ids", [&] {
+                CUDA_CHECK(k::localize_expert_ids(s_.local_ids, s_.topk_ids, n * d.topk, rank_dims.first_expert(),
+                                                  d.rank_experts(), s));
+            });
+            op("routed_experts", [&] {
+                routed_experts(static_cast<int>(i), l, s_.local_ids, terms + static_cast<size_t>(n) * d.hidden, n);
+            });
+            fork.join();
+        }
+        sum_partials(2);
         pending = s_.delta;
-        pending2 = s_.delta2;
+        pending2 = nullptr;
     }
     op("norm", [&] {
         CUDA_CHECK(k::add_rmsnorm(s_.xn, s_.x, pending, pending2, w.final_norm, n, d.hidden, d.rms_eps, s));
@@ -297,13 +363,26 @@ void TargetModel::forward(const RowBatch& rows, int n, int n_logits, int span, c
         });
         head_in = s_.hsel;
     }
-    gemm("lm_head", head_in, d.hidden, w.lm_head, s_.logits, d.vocab, n_logits, d.vocab, d.hidden,
-         k::GemmEpilogue::kF32);
+    for (size_t i = 0; i < held_.size(); ++i) {  // each held rank's vocabulary slice, in place in the rows
+        gemm("lm_head", head_in, d.hidden, weights_[i]->lm_head, s_.logits + d.for_rank(held_[i]).first_token(),
+             d.vocab, n_logits, d.rank_vocab(), d.hidden, k::GemmEpilogue::kF32);
+    }
 }
 
 void TargetModel::sample(const RowBatch& rows, int n_logits) {
-    CUDA_CHECK(k::sample_tokens(s_.tokens, s_.nonfinite_at, s_.logits, dims_.vocab, n_logits, dims_.vocab,
-                                s_.temperature, s_.seed, rows.logit_stream_ids, rows.logit_positions, stream_));
+    const ModelDims& d = dims_;
+    if (!d.sharded()) {
+        CUDA_CHECK(k::sample_tokens(s_.tokens, s_.nonfinite_at, s_.logits, d.vocab, n_logits, d.vocab,
+                                    s_.temperature, s_.seed, rows.logit_stream_ids, rows.logit_positions, stream_));
+        return;
+    }
+    for (int rank : held_) {  // each held rank's best over its slice, then the pick across every rank's
+        const int first = d.for_rank(rank).first_token();
+        CUDA_CHECK(k::sample_candidates(collectives_->candidate_slot(rank, n_logits), s_.nonfinite_at,
+                                        s_.logits + first, d.vocab, n_logits, d.rank_vocab(), first, s_.temperature,
+                                        s_.seed, rows.logit_stream_ids, rows.logit_positions, stream_));
+    }
+    collectives_->pick(n_logits, s_.tokens, stream_);
 }
 
 void TargetModel::clear_nonfinite() {

@@ -2,6 +2,9 @@
 // every layer (MLA attention over the latent cache, dense MLP or MoE), the final norm and the LM head's logits,
 // with optional taps of the residual stream and capture of the experts chosen. Nothing here allocates or waits on
 // the host after construction, so a forward can be captured into a CUDA graph.
+// A split target (dims.shard) holds the share of each rank in `held` (every rank, or its own: rank_simulation.h):
+// each attention and each MLP ends with the ranks' partial sums added by the collectives, and the logits of rank
+// r are its vocabulary slice, at columns [first_token, + rank_vocab) of the logits rows.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -9,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "collectives.h"
 #include "device_arena.h"
 #include "engine_weights.h"
 #include "latent_cache.h"
@@ -44,21 +48,25 @@ class TargetModel {
     struct Scratch {
         kernels::bf16 *x, *xn, *qkv, *qn, *q, *q_abs, *o_lat, *v_out, *delta, *delta2, *act, *expert_act, *hsel;
         float *router_logits, *topk_weights, *logits, *gemm_ws, *shared_gemm_ws, *attn_ws, *temperature, *rope;
-        int32_t *topk_ids, *gemm_counters, *shared_gemm_counters, *routing, *tokens, *nonfinite_at;
+        int32_t *topk_ids, *local_ids, *gemm_counters, *shared_gemm_counters, *routing, *tokens, *nonfinite_at;
         unsigned long long* seed;
         size_t gemm_counter_count, shared_gemm_counter_count;
         static Scratch lay_out(const ModelDims& dims, int max_rows, int max_len, int streams, DeviceArena& arena);
     };
 
+    // `held`: the ranks of dims.shard this GPU computes (increasing; {0} for a whole model).
     TargetModel(const ModelDims& dims, const RopeTable& rope, const LatentCache& cache, int max_rows, int device,
-                DeviceArena& arena);
+                DeviceArena& arena, const std::vector<int>& held);
     ~TargetModel();
     TargetModel(const TargetModel&) = delete;
     TargetModel& operator=(const TargetModel&) = delete;
 
     const ModelDims& dims() const { return dims_; }
     int max_rows() const { return max_rows_; }
-    Weights& weights() { return *weights_; }
+    Weights& weights() { return *weights_.front(); }
+    // The weights of held rank `rank` (std::invalid_argument naming `rank` when it is not held).
+    Weights& weights(int rank);
+    const std::vector<int>& held() const { return held_; }
     cudaStream_t stream() const { return stream_; }
     const float* logits() const { return s_.logits; }  // [logit rows, vocab] fp32 of the last forward
     const int32_t* tokens() const { return s_.tokens; } // [logit rows] of the last sample()
@@ -83,6 +91,8 @@ class TargetModel {
 
   private:
     void tap(const ForwardOutputs& outputs, int layer, OpTimeline* timeline);
+    // The MoE layer `l` of held rank index `i` (its routed experts over s_.xn, the ids in `ids`) into `out`.
+    void routed_experts(int i, int l, const int32_t* ids, kernels::bf16* out, int n);
 
     ModelDims dims_;
     RopeTable rope_;
@@ -91,7 +101,9 @@ class TargetModel {
     cudaStream_t stream_ = nullptr;
     cudaStream_t side_stream_ = nullptr;  // the shared expert, beside the routed experts (see forward)
     cudaEvent_t side_event_ = nullptr;    // forks the side stream from the main stream and joins it back
-    std::unique_ptr<Weights> weights_;
+    std::vector<int> held_;
+    std::vector<std::unique_ptr<Weights>> weights_;  // one per held rank
+    std::unique_ptr<Collectives> collectives_;      // a split target's; nullptr for a whole model
     Scratch s_;
 };
 

@@ -111,4 +111,13 @@ int same_device(std::initializer_list<const CudaArray*> arrays) {
     return device;
 }
 
+int dim(const CudaArray& a, const char* name, size_t i) {
+    if (i >= a.ndim()) {
+        throw nb::value_error(("argument '" + std::string(name) + "' has " + std::to_string(a.ndim()) +
+                               " dimensions, too few")
+                                  .c_str());
+    }
+    return static_cast<int>(a.shape(i));
+}
+
 }  // namespace ddtree

@@ -63,6 +63,9 @@ T* checked(const CudaArray& array, const char* name, DType dtype, std::initializ
     return static_cast<T*>(checked_data(array, name, dtype, shape));
 }
 
+// Extent i of argument `name`; too few dimensions is the caller's error (ValueError), not an out-of-range read.
+int dim(const CudaArray& a, const char* name, size_t i);
+
 // Checks that every given array lives on one device and makes it current; returns that device.
 int same_device(std::initializer_list<const CudaArray*> arrays);
 

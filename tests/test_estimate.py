@@ -142,3 +142,13 @@ def test_cli_warns_beyond_the_measured_range() -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip() == "ddtree-run: warning: --streams 64 is beyond the measured 16: the curves " \
                                   "extrapolate"
+
+
+def test_gathered_collectives_count_two_per_layer_and_the_pick() -> None:
+    from ddtree.estimate.round_cost import COLLECTIVE_LATENCY_MS, fitted
+
+    model = fitted()
+    assert model.gathered_collectives_ms(Layout(GPUS["h200"], 1, 61), 16) == 0.0
+    one_row = model.gathered_collectives_ms(Layout(GPUS["h200"], 8, 61), 1)
+    assert (2 * 61 + 1) * COLLECTIVE_LATENCY_MS < one_row < (2 * 61 + 1) * COLLECTIVE_LATENCY_MS * 1.1
+    assert model.gathered_collectives_ms(Layout(GPUS["h200"], 8, 61), 16) > one_row

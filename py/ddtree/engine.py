@@ -26,6 +26,7 @@ from ddtree.reference.budget import CostTable, check_candidates, default_candida
 from ddtree.request import AUTO, METHODS, check_seed, check_stop_ids
 from ddtree.reference.rope import Rope
 from ddtree.results import GenerationResult, cut_at_stop, with_text
+from ddtree.shard import Shard, shard_layout, shard_tensor
 from ddtree.tokenizer import encode_prompts
 
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
@@ -103,7 +104,7 @@ def upload_drafter_tensors(weights: Mapping[str, np.ndarray], upload: Callable[[
 
 
 def _native_engine(cfg: ModelConfig, streams: int, max_context: int, budget: int, device: int,
-                   drafter: dict[str, Any] | None) -> Any:
+                   drafter: dict[str, Any] | None, shard: Shard, all_ranks: bool) -> Any:
     from ddtree.device import has_cuda_device
 
     if not has_cuda_device():
@@ -113,7 +114,8 @@ def _native_engine(cfg: ModelConfig, streams: int, max_context: int, budget: int
 
     rope = Rope.from_config(cfg)
     return _native_call(_native.Engine, engine_dims(cfg), rope.inv_freq.tolist(), float(rope.attention_factor),
-                        rope.interleave, streams, max_context, budget, device, drafter)
+                        rope.interleave, streams, max_context, budget, device, drafter, shard.rank, shard.ranks,
+                        all_ranks)
 
 
 def _check_supported(cfg: ModelConfig) -> None:
@@ -167,19 +169,29 @@ class Engine:
     0 without a drafter) are fixed at creation; the engine refuses, with the numbers, a configuration whose weights,
     KV caches, drafter and scratch do not fit in free device memory. `draft_window` keeps only the drafter's last
     that many context rows per stream (None: all).
+
+    `shard` (ddtree.shard.Shard) splits the target over shard.ranks GPUs and holds rank shard.rank's share, each
+    checkpoint tensor sliced for it at upload; on one GPU its peers are simulated (runtime/rank_simulation.h): its
+    tokens are not a model's, its time is one rank's. With `all_ranks` the engine holds every rank's share on this
+    GPU and its collectives are exact: its logits are the whole model's up to the rank-order sums' rounding. Its
+    drafter is whole on every rank and holds the target's whole lm_head itself.
     """
 
     last_costs: CostTable | None = None  # the round times the last budget="auto" generate chose by
 
     def __init__(self, model_dir: str | Path, drafter_dir: str | Path | None = None, streams: int = 1,
                  max_context: int = 4096, budget: int | None = None, device: int = 0,
-                 draft_window: int | None = None) -> None:
+                 draft_window: int | None = None, shard: Shard | None = None, all_ranks: bool = False) -> None:
         checkpoint = open_checkpoint(model_dir)
         drafter_config, drafter_checkpoint = (None, None) if drafter_dir is None else \
             open_drafter(drafter_dir, checkpoint.config)
-        self._create(checkpoint.config, streams, max_context, budget, device, drafter_config, draft_window)
+        self._create(checkpoint.config, streams, max_context, budget, device, drafter_config, draft_window, shard,
+                     all_ranks)
         self._upload(checkpoint)
         if drafter_checkpoint is not None:
+            if self.shard.ranks > 1:  # the drafter's LM head is the target's whole table, held by the drafter
+                prefix = checkpoint.config.weight_prefix
+                _native_call(self._native.upload_drafter, "lm_head.weight", checkpoint[f"{prefix}lm_head.weight"])
             self.upload_drafter(drafter_checkpoint)
         self.model_dir: Path | None = Path(model_dir)  # its tokenizer encodes text prompts
 
@@ -187,23 +199,30 @@ class Engine:
     def random(cls, cfg: ModelConfig, streams: int, max_context: int, budget: int | None = None, device: int = 0,
                seed: int = 0, drafter: DrafterConfig | None = None,
                drafter_weights: Mapping[str, np.ndarray] | None = None,
-               draft_window: int | None = None) -> Engine:
+               draft_window: int | None = None, shard: Shard | None = None, all_ranks: bool = False) -> Engine:
         """An engine with random weights of the right scale (benchmarks at K2 dims with no checkpoint on disk), and
-        with `drafter` a drafter of those dims: `drafter_weights` (bf16 bits by checkpoint name), else random."""
+        with `drafter` a drafter of those dims: `drafter_weights` (bf16 bits by checkpoint name), else random.
+        `shard`, `all_ranks`: as for Engine (each held rank's share drawn on the device, no checkpoint needed)."""
         engine = cls.__new__(cls)
-        engine._create(cfg, streams, max_context, budget, device, drafter, draft_window)
+        engine._create(cfg, streams, max_context, budget, device, drafter, draft_window, shard, all_ranks)
         engine._native.randomize_weights(seed)
         if drafter is not None:
-            if drafter_weights is None:
+            if drafter_weights is None or engine.shard.ranks > 1:  # a split target's drafter: a random LM head too
                 engine._native.randomize_drafter(seed + 1)
-            else:
+            if drafter_weights is not None:
                 engine.upload_drafter(drafter_weights)
         engine.model_dir = None
         return engine
 
     def _create(self, cfg: ModelConfig, streams: int, max_context: int, budget: int | None, device: int,
-                drafter: DrafterConfig | None, draft_window: int | None) -> None:
+                drafter: DrafterConfig | None, draft_window: int | None, shard: Shard | None,
+                all_ranks: bool) -> None:
         _check_supported(cfg)
+        shard = Shard() if shard is None else shard
+        if not isinstance(shard, Shard):
+            raise RequestError(f"shard must be a ddtree.shard.Shard or None, got {shard!r:.80}")
+        shard_layout(cfg, shard)  # RequestError naming ranks and the field it does not divide
+        self.shard = shard
         _check_window(draft_window)
         if budget is None:
             budget = drafter.block_size - 1 if drafter is not None else 0
@@ -214,7 +233,7 @@ class Engine:
         self.config, self.streams, self.max_context, self.budget = cfg, streams, max_context, budget
         self.drafter_config, self.draft_window = drafter, draft_window
         spec = None if drafter is None else drafter_spec(drafter, draft_window)
-        self._native = _native_engine(cfg, streams, max_context, budget, device, spec)
+        self._native = _native_engine(cfg, streams, max_context, budget, device, spec, shard, bool(all_ranks))
 
     @property
     def native(self) -> Any:
@@ -222,24 +241,31 @@ class Engine:
         return self._native
 
     def _upload(self, checkpoint: Checkpoint) -> None:
+        for rank in self._native.held_ranks:
+            self._upload_rank(checkpoint, rank)
+        missing = self._native.missing()
+        if missing:
+            raise RuntimeError(f"engine weights incomplete: {missing!r} was not uploaded")
+
+    def _upload_rank(self, checkpoint: Checkpoint, rank: int) -> None:
+        """Every tensor held rank `rank` needs, sliced for it (ddtree.shard; a whole model's slices are whole)."""
         cfg, prefix = self.config, self.config.weight_prefix
+        layout = shard_layout(cfg, Shard(rank, self.shard.ranks))
         for name in checkpoint:
             if ".mlp.experts." in name:
                 continue
             array = checkpoint[name]
             if name.endswith("e_score_correction_bias"):
                 array = np.ascontiguousarray(bf16.as_float32(array))
-            _native_call(self._native.upload, name[len(prefix):], array)
+            short = name[len(prefix):]
+            _native_call(self._native.upload, short, shard_tensor(short, array, cfg, layout), rank)
         for layer in range(cfg.first_k_dense_replace, cfg.num_hidden_layers):
-            for e in range(cfg.n_routed_experts):
+            for e in range(layout.first_expert, layout.first_expert + layout.experts):
                 base = f"{prefix}model.layers.{layer}.mlp.experts.{e}"
                 parts = []
                 for proj in EXPERT_PROJECTIONS:
                     parts += [checkpoint[f"{base}.{proj}.weight_packed"], checkpoint[f"{base}.{proj}.weight_scale"]]
-                _native_call(self._native.upload_expert, layer, e, *parts)
-        missing = self._native.missing()
-        if missing:
-            raise RuntimeError(f"engine weights incomplete: {missing!r} was not uploaded")
+                _native_call(self._native.upload_expert, layer, e, *parts, rank)
 
     def upload_drafter(self, weights: Mapping[str, np.ndarray]) -> None:
         """Copy every drafter tensor of ``weights`` (bf16 bits by checkpoint name) to the device."""

@@ -112,6 +112,24 @@ class CostModel:
         draft = 2 * shapes.DRAFT_LAYERS * one(draft_rows) if draft_rows else 0.0
         return 2 * lay.layers * one(target_rows) + draft + vocab_split
 
+    @staticmethod
+    def gathered_collectives_ms(lay: Layout, rows: int) -> float:
+        """The target forward's collectives as the runtime implements them (runtime/collectives.h): per layer,
+        every rank's bf16 partials all-gathered and added locally in rank order, one term after attention, one
+        after a dense MLP and two (shared, routed experts) after a MoE MLP, each GPU receiving (G-1) x terms x rows
+        x hidden x 2 bytes; and the pick of the vocabulary-split LM head, (G-1) x rows x 8 bytes. A fixed latency
+        per collective as in collectives_ms."""
+        if lay.gpus == 1:
+            return 0.0
+
+        def one(received: float) -> float:
+            return COLLECTIVE_LATENCY_MS + received / lay.gpu.collective_bytes_per_s * 1e3
+
+        partial = (lay.gpus - 1) * rows * shapes.HIDDEN * 2
+        dense, moe = 1, lay.layers - 1
+        return (lay.layers * one(partial) + dense * one(partial) + moe * one(2 * partial)
+                + one((lay.gpus - 1) * rows * 8))
+
     def round(self, lay: Layout, streams: int, budget: int, context: int, mean_accept: float) -> Breakdown:
         rows = streams * (budget + 1)
         active = self.routing.active(streams, budget + 1)

@@ -84,24 +84,38 @@ def mla_attention(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, allowed: np.n
     The new tokens' latent rows are appended to the cache first; `allowed` [n, T] (T = cache rows after the
     append) says which rows each new token attends to.
     """
-    n, heads = x.shape[0], cfg.num_attention_heads
-    nope, rope_dim, v_dim, rank = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
+    q_latent, kv = mla_compress(x, cos, sin, w, cache, layer, cfg, rope)
+    return mla_heads(q_latent, kv, cos, sin, allowed, w.q_b_proj, w.kv_b_proj, w.o_proj, cfg, rope)
 
-    q = linear(rms_norm(linear(x, w.q_a_proj), w.q_a_layernorm, LORA_NORM_EPS), w.q_b_proj)
-    q = q.reshape(n, heads, nope + rope_dim)
-    q_nope, q_rope = q[..., :nope], rope.apply(q[..., nope:], cos, sin)
 
+def mla_compress(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, w: AttentionWeights, cache: KVCache, layer: int,
+                 cfg: ModelConfig, rope: Rope) -> tuple[np.ndarray, LayerKV]:
+    """The part every head shares: the normed query latent [n, q_lora_rank], and the layer's cache after the new
+    tokens' latent rows are appended."""
+    rank = cfg.kv_lora_rank
+    q_latent = rms_norm(linear(x, w.q_a_proj), w.q_a_layernorm, LORA_NORM_EPS)
     compressed = linear(x, w.kv_a_proj_with_mqa)
     latent = rms_norm(compressed[:, :rank], w.kv_a_layernorm, LORA_NORM_EPS)
     k_rope_new = rope.apply(compressed[:, rank:], cos, sin)
-    kv = cache.append(layer, latent, k_rope_new)
+    return q_latent, cache.append(layer, latent, k_rope_new)
+
+
+def mla_heads(q_latent: np.ndarray, kv: LayerKV, cos: np.ndarray, sin: np.ndarray, allowed: np.ndarray,
+              q_b_proj: np.ndarray, kv_b_proj: np.ndarray, o_proj: np.ndarray, cfg: ModelConfig,
+              rope: Rope) -> np.ndarray:
+    """The heads whose rows q_b_proj and kv_b_proj hold (and o_proj's columns): their o_proj output [n, hidden]. On
+    several GPUs each holds some heads, and this is its partial sum."""
+    nope, rope_dim, v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    n, heads = q_latent.shape[0], q_b_proj.shape[0] // (nope + rope_dim)
+    q = linear(q_latent, q_b_proj).reshape(n, heads, nope + rope_dim)
+    q_nope, q_rope = q[..., :nope], rope.apply(q[..., nope:], cos, sin)
 
     total = kv.latent.shape[0]
-    expanded = linear(kv.latent, w.kv_b_proj).reshape(total, heads, nope + v_dim)
+    expanded = linear(kv.latent, kv_b_proj).reshape(total, heads, nope + v_dim)
     k_nope, values = expanded[..., :nope], expanded[..., nope:]
 
     scores = np.einsum("nhd,thd->hnt", q_nope, k_nope) + np.einsum("nhd,td->hnt", q_rope, kv.k_rope)
     scores = np.where(allowed[None], scores * np.float32(cfg.softmax_scale), -np.inf).astype(np.float32)
     probs = softmax(scores)
     out = np.einsum("hnt,thd->nhd", probs, values).reshape(n, heads * v_dim)
-    return linear(out, w.o_proj)
+    return linear(out, o_proj)

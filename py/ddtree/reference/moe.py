@@ -66,10 +66,14 @@ class ExpertStore:
         return expert
 
 
-def moe(x: np.ndarray, routing: Routing, experts_prefix: str, store: ExpertStore) -> np.ndarray:
-    """Routed-expert output [n, hidden]: sum over each token's chosen experts of weight * expert(x)."""
+def moe(x: np.ndarray, routing: Routing, experts_prefix: str, store: ExpertStore,
+        owned: range | None = None) -> np.ndarray:
+    """Routed-expert output [n, hidden]: sum over each token's chosen experts of weight * expert(x); with `owned`,
+    over those of its experts only (one GPU's partial sum when the experts are split over several)."""
     out = np.zeros_like(x)
     for e in np.unique(routing.experts):
+        if owned is not None and e not in owned:
+            continue
         tokens, slot = np.nonzero(routing.experts == e)
         expert = store.get(f"{experts_prefix}.{e}")
         y = swiglu_mlp(x[tokens], expert.gate_proj, expert.up_proj, expert.down_proj)

@@ -1,0 +1,38 @@
+// The exchanges between the GPUs a target is split over (shard.h): the 2 x layers + 1 collective points of a
+// forward, inside its CUDA graph. One interface, so that the forward does not know whether its peers are real:
+// - sum_partials: every rank's partial sums [terms, rows, width] (an attention's o_proj, a MLP's down projection;
+//   a MoE layer's shared and routed experts as two terms) are gathered onto every rank and added there in rank
+//   order, then term order, in fp32 (kernels/rank_reduce.cuh). An all-reduce may choose its algorithm and chunking
+//   by message size, so its sums could change with the number of rows; gathering then adding in a fixed order keeps
+//   a row's result independent of the batch and of the transport.
+// - pick: every rank's best (value, id) of a row over its vocabulary slice (greedy or Gumbel-max, sample.cuh) is
+//   gathered and the best taken, ties to the lower id: the token one GPU would choose over the whole vocabulary.
+// A rank writes its part into the slot its implementation hands out, then calls the collective on its stream.
+// Implementations: RankSimulation (rank_simulation.h, one GPU); NCCL next (see bench/results/multigpu/NOTES.md).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common.cuh"
+#include "sample.cuh"
+
+namespace ddtree {
+
+class Collectives {
+  public:
+    virtual ~Collectives() = default;
+    virtual int ranks() const = 0;
+    // Where rank `rank` writes its `count` = terms x rows x width partial elements for the next sum_partials
+    // (rank_order_sum's layout: rank r's part at r x count, so an in-place all-gather fills the others).
+    virtual kernels::bf16* partial_slot(int rank, size_t count) = 0;
+    // out[rows, width] = the rank-order sum of every rank's slot (see above); enqueued on `stream`.
+    virtual void sum_partials(int terms, int rows, int width, kernels::bf16* out, cudaStream_t stream) = 0;
+    // Where rank `rank` writes its candidates of `rows` rows for the next pick.
+    virtual kernels::RankCandidate* candidate_slot(int rank, int rows) = 0;
+    // tokens[row] = the best candidate over every rank's; enqueued on `stream`.
+    virtual void pick(int rows, int32_t* tokens, cudaStream_t stream) = 0;
+};
+
+}  // namespace ddtree
