@@ -228,8 +228,9 @@ void DdtreeRound::check(const RoundRequest& r, int budget, int depth_limit, int 
         }
     }
     const CostTable& costs = r.costs;
-    if (!costs.streams.empty()) {
-        bool ok = !autos.empty() && costs.streams[0] == 1 && costs.seconds.size() == costs.streams.size();
+    if (!costs.streams.empty() || !costs.seconds.empty()) {  // seconds without stream counts: refused
+        bool ok = !autos.empty() && !costs.streams.empty() && costs.streams[0] == 1 &&
+                  costs.seconds.size() == costs.streams.size();
         for (size_t i = 0; ok && i < costs.streams.size(); ++i) {
             ok = (i == 0 || costs.streams[i] > costs.streams[i - 1]) && costs.seconds[i].size() == autos.size() &&
                  std::all_of(costs.seconds[i].begin(), costs.seconds[i].end(), [](double t) { return t > 0.0; });

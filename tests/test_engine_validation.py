@@ -72,3 +72,31 @@ def test_engine_rejects_a_model_without_shared_expert(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(RequestError, match="n_shared_experts is 0; the engine runs MoE layers with exactly one"):
         ddtree.Engine(tmp_path, streams=1, max_context=32)
+
+
+def test_ddtree_generate_reaches_the_runtime() -> None:
+    """Engine.generate(method="ddtree") up to the runtime's generate_ddtree (a stand-in: no GPU), fixed budget and
+    budget="auto": the keyword arguments get through."""
+    from types import SimpleNamespace
+
+    from ddtree.engine import Engine
+
+    calls = []
+
+    def generate_ddtree(prompts, n, temperature, seed, budget, stop_ids, profile, **kwargs):
+        calls.append((budget, kwargs))
+        return {"tokens": [[5] * n for _ in prompts], "accept_lengths": [[2] * n for _ in prompts],
+                "prefill_seconds": 0.0, "decode_seconds": 1.0, "stages": [], "budgets": [budget] * n,
+                "cost_streams": [1] if kwargs.get("auto_budgets") else [],
+                "cost_seconds": [[1.0] * len(kwargs.get("auto_budgets", []))] if kwargs.get("auto_budgets") else []}
+
+    engine = object.__new__(Engine)
+    engine.model_dir, engine.streams, engine.max_context, engine.budget = None, 2, 64, 16
+    engine.config = SimpleNamespace(vocab_size=100, eos_token_ids=())
+    engine.drafter_config = SimpleNamespace(block_size=8)
+    engine._native = SimpleNamespace(generate_ddtree=generate_ddtree)
+    fixed = engine.generate([[1, 2], [3]], 4, budget=8)
+    assert [r.tokens for r in fixed] == [[5] * 4] * 2 and fixed[0].budgets == [8] * 4
+    auto = engine.generate([[1, 2], [3]], 4, budget="auto")
+    assert calls == [(8, {"auto_budgets": []}), (16, {"auto_budgets": [8, 16]})]
+    assert auto[0].budgets == [16] * 4 and engine.last_costs.streams == (1,)

@@ -80,12 +80,12 @@ def drafter_spec(cfg: DrafterConfig, window: int | None) -> dict[str, Any]:
             "window": window or 0}
 
 
-def _native_call(method: Any, *args: Any) -> Any:
+def _native_call(method: Any, *args: Any, **kwargs: Any) -> Any:
     """Calls the runtime; its refusals of an argument (C++ std::invalid_argument) become RequestError, and a
     generation that sampled NaN or infinite logits (_native.NonFiniteLogits, naming the stream and position)
     NonFiniteError."""
     try:
-        return method(*args)
+        return method(*args, **kwargs)
     except ValueError as err:
         raise RequestError(str(err)) from None
     except ArithmeticError as err:

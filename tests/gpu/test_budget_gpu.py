@@ -162,6 +162,7 @@ def test_auto_budget_refuses_bad_values(engine) -> None:
                             ({"auto_budgets": [8, 16], "cost_streams": [2], "cost_seconds": [[1.0, 1.0]]}, "costs"),
                             ({"auto_budgets": [8, 16], "cost_streams": [1], "cost_seconds": [[1.0]]}, "costs"),
                             ({"auto_budgets": [8, 16], "cost_streams": [1], "cost_seconds": [[1.0, 0.0]]}, "costs"),
+                            ({"auto_budgets": [8, 16], "cost_seconds": [[1.0, 1.0]]}, "costs"),
                             ({"cost_streams": [1], "cost_seconds": [[1.0]]}, "costs")]:
         with pytest.raises(ValueError, match=message):
             native.generate_ddtree(prompts, 4, 0.0, 0, 16, **kwargs)
