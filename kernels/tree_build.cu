@@ -10,6 +10,7 @@
 // and links go to shared memory as they are popped; after the last pop all threads derive the ancestor rows and
 // write the tree's arrays from there.
 #include <atomic>
+#include <type_traits>
 
 #include "gemm_mma.cuh"  // opt_in_smem
 #include "tree_build.cuh"
@@ -391,27 +392,28 @@ __global__ void __launch_bounds__(kThreads, 1) tree_probe_kernel(TreeCandidates 
     }
 }
 
-// One instantiation per frontier size: its own shared-memory opt-in, made once per device.
-template <int kSlots>
-cudaError_t launch_build(const TreeCandidates& in, const TreeArrays& tree, const TreeShape& shape,
-                         cudaStream_t stream) {
-    static std::atomic<uint64_t> opted_in{0};
-    DDTREE_RETURN_IF_ERROR(opt_in_smem(tree_build_kernel<kSlots>,
-                                       BuildLayout(kTreeMaxBudget, kTreeMaxDepth, kTreeMaxWidth).bytes, opted_in));
+// One CTA per stream of `kernel` (an instantiation for one frontier size) with the build's shared memory for this
+// shape; its opt-in to the largest layout is made once per device (`opted_in`: one per instantiation).
+template <typename Kernel, typename... Args>
+cudaError_t launch_per_stream(Kernel* kernel, std::atomic<uint64_t>& opted_in, const TreeCandidates& in,
+                              const TreeShape& shape, cudaStream_t stream, const Args&... args) {
+    DDTREE_RETURN_IF_ERROR(
+        opt_in_smem(kernel, BuildLayout(kTreeMaxBudget, kTreeMaxDepth, kTreeMaxWidth).bytes, opted_in));
     const BuildLayout layout(shape.budget, shape.depth_limit, in.width);
-    return launch_dependent(tree_build_kernel<kSlots>, dim3(shape.streams), dim3(kThreads), layout.bytes, stream, in,
-                            tree, shape);
+    return launch_dependent(kernel, dim3(shape.streams), dim3(kThreads), layout.bytes, stream, in, args..., shape);
 }
 
-template <int kSlots>
-cudaError_t launch_probe(const TreeCandidates& in, const ProbeBudgets& budgets, float* masses, const TreeShape& shape,
-                         cudaStream_t stream) {
-    static std::atomic<uint64_t> opted_in{0};
-    DDTREE_RETURN_IF_ERROR(opt_in_smem(tree_probe_kernel<kSlots>,
-                                       BuildLayout(kTreeMaxBudget, kTreeMaxDepth, kTreeMaxWidth).bytes, opted_in));
-    const BuildLayout layout(shape.budget, shape.depth_limit, in.width);
-    return launch_dependent(tree_probe_kernel<kSlots>, dim3(shape.streams), dim3(kThreads), layout.bytes, stream, in,
-                            budgets, masses, shape);
+// launch(std::integral_constant<int, kSlots>{}) with the fewest frontier slots per lane that hold `budget` entries
+// (the frontier never holds more), so each lane keeps the fewest registers.
+template <typename Launch>
+cudaError_t by_frontier_size(int budget, Launch&& launch) {
+    const int per_lane = (budget + 31) / 32;
+    if (per_lane <= 1) return launch(std::integral_constant<int, 1>{});
+    if (per_lane <= 2) return launch(std::integral_constant<int, 2>{});
+    if (per_lane <= 4) return launch(std::integral_constant<int, 4>{});
+    if (per_lane <= 8) return launch(std::integral_constant<int, 8>{});
+    if (per_lane <= 16) return launch(std::integral_constant<int, 16>{});
+    return launch(std::integral_constant<int, 32>{});
 }
 
 }  // namespace
@@ -428,26 +430,20 @@ cudaError_t tree_probe(const TreeCandidates& in, const ProbeBudgets& budgets, fl
         }
     }
     if (shape.streams == 0) return cudaSuccess;
-    const int per_lane = (shape.budget + 31) / 32;
-    if (per_lane <= 1) return launch_probe<1>(in, budgets, masses, shape, stream);
-    if (per_lane <= 2) return launch_probe<2>(in, budgets, masses, shape, stream);
-    if (per_lane <= 4) return launch_probe<4>(in, budgets, masses, shape, stream);
-    if (per_lane <= 8) return launch_probe<8>(in, budgets, masses, shape, stream);
-    if (per_lane <= 16) return launch_probe<16>(in, budgets, masses, shape, stream);
-    return launch_probe<32>(in, budgets, masses, shape, stream);
+    return by_frontier_size(shape.budget, [&](auto slots) {
+        static std::atomic<uint64_t> opted_in{0};
+        return launch_per_stream(tree_probe_kernel<decltype(slots)::value>, opted_in, in, shape, stream, budgets,
+                                 masses);
+    });
 }
 
 cudaError_t tree_build(const TreeCandidates& in, const TreeArrays& tree, const TreeShape& shape, cudaStream_t stream) {
     if (!tree_shape_valid(shape) || in.width < 1 || in.width > kTreeMaxWidth) return cudaErrorInvalidValue;
     if (shape.streams == 0) return cudaSuccess;
-    // The frontier never holds more than `budget` slots; the fewest registers per lane that hold them.
-    const int per_lane = (shape.budget + 31) / 32;
-    if (per_lane <= 1) return launch_build<1>(in, tree, shape, stream);
-    if (per_lane <= 2) return launch_build<2>(in, tree, shape, stream);
-    if (per_lane <= 4) return launch_build<4>(in, tree, shape, stream);
-    if (per_lane <= 8) return launch_build<8>(in, tree, shape, stream);
-    if (per_lane <= 16) return launch_build<16>(in, tree, shape, stream);
-    return launch_build<32>(in, tree, shape, stream);
+    return by_frontier_size(shape.budget, [&](auto slots) {
+        static std::atomic<uint64_t> opted_in{0};
+        return launch_per_stream(tree_build_kernel<decltype(slots)::value>, opted_in, in, shape, stream, tree);
+    });
 }
 
 }  // namespace ddtree::kernels

@@ -49,6 +49,8 @@ _REASON = _skip_reason()
 #   and one MoE layer: the same kernel instantiations) instead of 3. Its acceptance statistics are left to the plain
 #   run: a round or two per budget are too few to hold a mean.
 # - test_streams_stop_at_different_rounds: 10 new tokens, the stop ids taken at tokens 2 and 7 instead of 9 and 30.
+# - test_budget_gpu.py: the exactness checks at 12 new tokens, one temperature per oracle profile (none, 0.9, 0.3
+#   alternate greedy and sampled); the policy checks keep their 64 (their budgets need a run of rounds).
 # - test_replayed_round_equals_eager_round: 6 new tokens (every stage runs in every round, captured, replayed and
 #   eager).
 # - test_nodes_equal_autoregressive_paths(_k2): the autoregressive forwards that check verify's nodes run one
