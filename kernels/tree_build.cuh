@@ -34,8 +34,8 @@ struct ProbeBudgets {
     int budgets[kProbeMaxBudgets];    // ascending, 1..shape.budget; the last one is shape.budget
 };
 
-// masses fp32 [shape.streams, budgets.count]. Capturable; cudaErrorInvalidValue when the shape, width or budgets
-// are out of range.
+// masses fp32 [shape.streams, budgets.count]. Reads in.log_probs alone (the token ids, start and bonus may be
+// null). Capturable; cudaErrorInvalidValue when the shape, width or budgets are out of range.
 cudaError_t tree_probe(const TreeCandidates& in, const ProbeBudgets& budgets, float* masses, const TreeShape& shape,
                        cudaStream_t stream);
 

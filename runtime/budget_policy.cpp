@@ -1,6 +1,7 @@
 #include "budget_policy.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <utility>
 
@@ -46,9 +47,10 @@ void BudgetPolicy::observe(const float* masses, const int32_t* accepts, const in
     double accepted = 0.0;
     int streams = 0;
     for (int row = 0; row < rows; ++row) {
-        if (skip[row] != 0) continue;
+        const float* m = masses + static_cast<size_t>(row) * c_count;
+        if (skip[row] != 0 || !std::all_of(m, m + c_count, [](float x) { return std::isfinite(x); })) continue;
         ++streams;
-        for (int c = 0; c < c_count; ++c) mean[c] += static_cast<double>(masses[row * c_count + c]) - 1.0;
+        for (int c = 0; c < c_count; ++c) mean[c] += static_cast<double>(m[c]) - 1.0;
         accepted += static_cast<double>(accepts[row]) - 1.0;
     }
     if (streams == 0) return;

@@ -34,7 +34,8 @@ class BudgetPolicy {
     BudgetPolicy(std::vector<int> candidates, CostTable costs);
 
     // One round's statistics: for each of its `rows` streams (the probe's rows), masses[row * C + c] = M(b_c) and
-    // the accept length it got; rows whose `skip` is non-zero (streams that finished in that round) are left out.
+    // the accept length it got; rows whose `skip` is non-zero (streams that finished in that round) are left out,
+    // and so are rows holding a non-finite mass (a drafter's NaN would otherwise stay in every running mean).
     // `used` is the budget the round ran at (a candidate).
     void observe(const float* masses, const int32_t* accepts, const int32_t* skip, int rows, int used);
     // The budget for a round of `live` streams: the candidate of the largest expected tokens per second (the

@@ -158,8 +158,12 @@ void DdtreeRound::record_round(const RoundKey& key, OpTimeline* timeline) {
     stage("tree_build", [&] {
         CUDA_CHECK(k::tree_build({st.log_probs, st.token_ids, width, st.start, st.bonus}, st.tree, shape, s));
     });
+    // The auto budgets' probe: the masses the same candidates reach at each candidate budget. It reads what the
+    // tree build read and writes only what the host reads after the round, so it runs beside the rest of the round
+    // on a stream of its own (in turn in timed, eager rounds), joined back at the round's end.
+    ForkedStream probe_lane(key.probe[0] != 0 && timeline == nullptr, s, probe_stream_.stream(),
+                            probe_stream_.event());
     if (key.probe[0] != 0) {
-        // The auto budgets' probe: the masses the same candidates reach at each candidate budget.
         k::ProbeBudgets budgets{0, {}};
         while (budgets.count < k::kProbeMaxBudgets && key.probe[budgets.count] != 0) {
             budgets.budgets[budgets.count] = key.probe[budgets.count];
@@ -167,8 +171,9 @@ void DdtreeRound::record_round(const RoundKey& key, OpTimeline* timeline) {
         }
         const k::TreeShape probe_shape{n, budgets.budgets[budgets.count - 1], key.depth_limit};
         stage("probe", [&] {
-            CUDA_CHECK(k::tree_probe({st.log_probs, st.token_ids, width, st.start, st.bonus}, budgets, st.probe,
-                                     probe_shape, s));
+            // log-probs only: the commit rewrites start and bonus while the probe may still run
+            CUDA_CHECK(k::tree_probe({st.log_probs, st.token_ids, width, nullptr, nullptr}, budgets, st.probe,
+                                     probe_shape, timeline == nullptr ? probe_stream_.stream() : s));
         });
     }
     RowBatch verify = st.rows;
@@ -209,6 +214,7 @@ void DdtreeRound::record_round(const RoundKey& key, OpTimeline* timeline) {
             drafter->append({st.context, st.append_positions, st.append_slots, n * per_stream}, nullptr);
         });
     }
+    probe_lane.join();
 }
 
 void DdtreeRound::check(const RoundRequest& r, int budget, int depth_limit, int width) const {
@@ -410,7 +416,7 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
     // Auto budgets: the round times (given, or measured once per key by replays from the request's own prefill,
     // before the timed phases), then the policy that picks each round's budget.
     std::optional<BudgetPolicy> policy;
-    if (automatic) {
+    if (automatic && r.max_new_tokens > 1) {  // a single new token is the prefill's: no round to choose for
         CostTable costs = r.costs;
         if (costs.streams.empty()) costs = measure_costs(r, base);
         policy.emplace(r.auto_budgets, std::move(costs));
@@ -433,7 +439,7 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
     int32_t* accepts = flags + 2 * n;
     float* masses = reinterpret_cast<float*>(accepts + 2 * n);
     const int probe_width = static_cast<int>(r.auto_budgets.size());
-    int budget = automatic ? policy->choose(n) : r.budget;
+    int budget = policy ? policy->choose(n) : top;
     int flagged_budget[2] = {budget, budget};  // the budget of the round each copy was taken behind
     std::vector<int32_t> budgets;
     budgets.reserve(r.max_new_tokens + 2);
@@ -447,7 +453,7 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
     auto read_flags = [&](int parity) {
         CUDA_CHECK(cudaEventSynchronize(copied[parity]));
         const std::vector<int>& map = flagged_slots[parity];
-        if (automatic) {
+        if (policy) {
             policy->observe(masses + static_cast<size_t>(parity) * n * probe_width, accepts + parity * n,
                             flags + parity * n, static_cast<int>(map.size()), flagged_budget[parity]);
         }
@@ -466,7 +472,7 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
             if (!keep.empty()) compact(keep);
             slots.swap(live);
         }
-        if (automatic && !slots.empty()) budget = policy->choose(static_cast<int>(slots.size()));
+        if (policy && !slots.empty()) budget = policy->choose(static_cast<int>(slots.size()));
     };
     if (r.max_new_tokens <= 1) {  // the prefill's token is all: no round
         for (int i = 0; i < n; ++i) save_slot(i, i);

@@ -25,6 +25,7 @@
 #include "budget_policy.h"
 #include "device_arena.h"
 #include "drafter_model.h"
+#include "forked_stream.h"
 #include "graph_cache.h"
 #include "graph_replay.h"
 #include "latent_cache.h"
@@ -173,6 +174,7 @@ class DdtreeRound {
     RoundDrafter drafter_;
     kernels::OracleDraft oracle_;  // reads the request's continuation and profile from state_
     GraphCache<RoundKey> graphs_;
+    SideStream probe_stream_;  // the auto budgets' probe, beside the verify (record_round)
     std::map<RoundKey, double> costs_;  // measured seconds per round graph key (auto budgets)
     // [streams][2 * history_ld + 2] outputs, then [2][streams] finished flags, [2][streams] accept lengths and
     // [2][streams][kProbeMaxBudgets] probe masses (floats)

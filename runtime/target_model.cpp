@@ -12,6 +12,7 @@
 #include "gemm.cuh"
 #include "mla_attn.cuh"
 #include "rmsnorm.cuh"
+#include "forked_stream.h"
 #include "rank_simulation.h"
 #include "rope.cuh"
 #include "router.cuh"
@@ -38,38 +39,6 @@ std::vector<GemmShape> main_gemms(const ModelDims& d) {
 std::vector<GemmShape> shared_expert_gemms(const ModelDims& d) {
     return {{2 * d.rank_shared_inter(), d.hidden, 1}, {d.hidden, d.rank_shared_inter(), 1}};
 }
-
-// A side stream forked from the main stream at construction (it waits for the main stream's work so far) and
-// joined back by join(), or, when an exception leaves the scope first, by the destructor (unchecked: it must not
-// throw), so that neither a capture ends with the side stream unjoined nor a later forward overwrites buffers the
-// side stream still writes. One event serves both: a wait binds to the record made just before it. With
-// fork = false nothing is forked and join() does nothing.
-class ForkedStream {
-  public:
-    ForkedStream(bool fork, cudaStream_t main, cudaStream_t side, cudaEvent_t event)
-        : main_(main), side_(side), event_(event) {
-        if (!fork) return;
-        CUDA_CHECK(cudaEventRecord(event_, main_));
-        CUDA_CHECK(cudaStreamWaitEvent(side_, event_));
-        forked_ = true;
-    }
-    ForkedStream(const ForkedStream&) = delete;
-    ForkedStream& operator=(const ForkedStream&) = delete;
-    ~ForkedStream() { rejoin(); }  // unchecked: an exception may already be leaving
-    void join() { CUDA_CHECK(rejoin()); }
-
-  private:
-    cudaError_t rejoin() {
-        if (!forked_) return cudaSuccess;
-        forked_ = false;
-        const cudaError_t recorded = cudaEventRecord(event_, side_);
-        return recorded != cudaSuccess ? recorded : cudaStreamWaitEvent(main_, event_);
-    }
-
-    cudaStream_t main_, side_;
-    cudaEvent_t event_;
-    bool forked_ = false;
-};
 
 // Split-K partials (floats) and arrival counters that `gemms` need at `rows` rows: the maximum over them.
 std::pair<size_t, size_t> gemm_scratch(const std::vector<GemmShape>& gemms, int rows) {

@@ -120,9 +120,11 @@ class BudgetPolicy:
     def observe(self, masses: np.ndarray, accepts: Sequence[int], used: int,
                 skip: Sequence[bool] | None = None) -> None:
         """One round: masses float32 [rows, candidates], each row's accept length, the budget it ran at; rows with
-        ``skip`` (streams that finished in that round) are left out."""
+        ``skip`` (streams that finished in that round) are left out, and so are rows holding a non-finite mass
+        (a drafter's NaN would otherwise stay in every running mean)."""
         masses = np.asarray(masses, dtype=np.float32).reshape(len(accepts), len(self.candidates))
-        keep = [i for i in range(len(accepts)) if not (skip is not None and skip[i])]
+        keep = [i for i in range(len(accepts))
+                if not (skip is not None and skip[i]) and bool(np.isfinite(masses[i]).all())]
         if not keep:
             return
         n = len(self.candidates)
