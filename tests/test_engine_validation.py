@@ -87,8 +87,8 @@ def test_ddtree_generate_reaches_the_runtime() -> None:
         calls.append((budget, kwargs))
         return {"tokens": [[5] * n for _ in prompts], "accept_lengths": [[2] * n for _ in prompts],
                 "prefill_seconds": 0.0, "decode_seconds": 1.0, "stages": [], "budgets": [budget] * n,
-                "cost_streams": [1] if kwargs.get("auto_budgets") else [],
-                "cost_seconds": [[1.0] * len(kwargs.get("auto_budgets", []))] if kwargs.get("auto_budgets") else []}
+                "cost_streams": [1] if kwargs.get("auto_budgets") and n > 1 else [],
+                "cost_seconds": [[1.0] * len(kwargs["auto_budgets"])] if kwargs.get("auto_budgets") and n > 1 else []}
 
     engine = object.__new__(Engine)
     engine.model_dir, engine.streams, engine.max_context, engine.budget = None, 2, 64, 16
@@ -100,3 +100,5 @@ def test_ddtree_generate_reaches_the_runtime() -> None:
     auto = engine.generate([[1, 2], [3]], 4, budget="auto")
     assert calls == [(8, {"auto_budgets": []}), (16, {"auto_budgets": [8, 16]})]
     assert auto[0].budgets == [16] * 4 and engine.last_costs.streams == (1,)
+    engine.generate([[1, 2], [3]], 1, budget="auto")  # one new token: no round, no round times (runtime: none)
+    assert engine.last_costs is None

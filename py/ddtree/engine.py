@@ -363,8 +363,9 @@ class Engine:
         out = _native_call(self._native.generate_ddtree, checked, max_new_tokens, float(temperature), seed, budget,
                            stops, bool(profile), auto_budgets=list(autos), **costs)
         stages = dict(out["stages"])
+        # None when no round chose a budget (a single new token: the runtime measures no round times then)
         self.last_costs = CostTable(tuple(out["cost_streams"]), tuple(map(tuple, out["cost_seconds"]))) \
-            if autos else None
+            if autos and out["cost_streams"] else None
         results = [GenerationResult(tokens=cut_at_stop(list(t), stops)[0], prefill_seconds=out["prefill_seconds"],
                                     decode_seconds=out["decode_seconds"], accept_lengths=list(a),
                                     stage_seconds=stages, budgets=list(out["budgets"][:len(a)]))
