@@ -7,7 +7,9 @@ Checks every call, and fails on the first difference:
   calls and stream counts), and DDTree's equal AR's;
 - sampled (noise keyed by seed, stream slot and position): DDTree's tokens equal AR's of the same call;
 - device memory in use stops growing after the warm-up calls (the engine allocates once, at creation, and keeps a
-  bounded number of captured graphs): no later peak above an earlier one.
+  bounded number of captured graphs): no later peak above an earlier one. The memory is this process's own as NVML
+  counts it, so other work on the GPU (a sanitizer run, say) does not move it; where NVML does not list the
+  process, the whole device's, and then the soak must run alone.
 Writes soak.json and soak.md to --out. Random-weight `small` target and drafter by default (`--model` for others).
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -30,13 +33,32 @@ from ddtree.presets import make_model
 MAX_STREAMS = 16
 MAX_PROMPT = 300
 MAX_NEW = 96
-BUDGETS = (4, 8, 15, 32, 64)
+FIXED_BUDGETS = (4, 8, 15, 32, 64)
+BUDGETS = (*FIXED_BUDGETS, "auto")  # auto: the cost-aware budget per round among 8, 16, 32 and 64
 # Enough calls for the engine's graph caches (kGraphCacheCapacity graphs each, least recently used evicted) to
 # fill: after that every new capture replaces one, and device memory must stay flat.
 WARMUP_CALLS = 48
 
 
+def process_used_bytes() -> int | None:
+    """Device memory NVML counts for this process on the current device, or None where NVML does not list it."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    import torch
+
+    try:
+        pynvml.nvmlInit()
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(
+            pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device()))
+    except pynvml.NVMLError:
+        return None
+    return next((int(p.usedGpuMemory) for p in procs if p.pid == os.getpid() and p.usedGpuMemory is not None), None)
+
+
 def device_used_bytes() -> int:
+    """The whole device's memory in use (every process's)."""
     import torch
 
     free, total = torch.cuda.mem_get_info()
@@ -69,15 +91,17 @@ def main(argv: list[str] | None = None) -> int:
         model_dir, drafter_dir = prepare(args.model, Path(tmp))
         max_context = MAX_PROMPT + MAX_NEW
         engine = ddtree.Engine(model_dir, drafter_dir, streams=MAX_STREAMS, max_context=max_context,
-                               budget=max(BUDGETS))
-        alone = ddtree.Engine(model_dir, drafter_dir, streams=1, max_context=max_context, budget=max(BUDGETS))
+                               budget=max(FIXED_BUDGETS))
+        alone = ddtree.Engine(model_dir, drafter_dir, streams=1, max_context=max_context, budget=max(FIXED_BUDGETS))
         vocab = engine.config.vocab_size
+        per_process = process_used_bytes() is not None
+        used_bytes = process_used_bytes if per_process else device_used_bytes
         calls, memory, failures = [], [], []
         while time.time() - start < args.minutes * 60 and not failures:
             streams = int(rng.integers(1, MAX_STREAMS + 1))
             prompts = [rng.integers(0, vocab, int(rng.integers(1, MAX_PROMPT + 1))).tolist() for _ in range(streams)]
             new = int(rng.integers(1, MAX_NEW + 1))
-            budget = int(rng.choice(BUDGETS))
+            budget = BUDGETS[int(rng.integers(0, len(BUDGETS)))]
             temperature = float(rng.choice([0.0, 0.0, 0.7, 1.0]))
             seed = int(rng.integers(0, 1 << 63))
             stops = rng.integers(0, vocab, int(rng.integers(0, 3))).tolist()
@@ -100,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                           "stops": len(stops), "seconds": time.time() - begin,
                           "mean_accept": float(np.mean(accepts)) if accepts else 0.0,
                           "graphs": len(engine.graphs())})
-            memory.append(device_used_bytes())
+            memory.append(used_bytes())
         del engine, alone
     # Replacing an evicted graph by another may take or give back one allocation granule of the driver's, so the
     # readings after the warm-up move by a granule or two either way; growth is a later peak above an earlier one.
@@ -111,14 +135,17 @@ def main(argv: list[str] | None = None) -> int:
         failures.append(f"device memory grew after {WARMUP_CALLS} warm-up calls: peak {early} bytes over the first "
                         f"half of the later calls, {late} over the second")
     report = {"device": str(device_info()), "model": str(args.model or "random small + drafter"),
-              "minutes": (time.time() - start) / 60, "calls": calls, "device_used_bytes": memory,
+              "minutes": (time.time() - start) / 60, "calls": calls,
+              "memory_counted": "this process's (NVML)" if per_process else "the whole device's", "used_bytes": memory,
               "failures": failures}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "soak.json").write_text(json.dumps(report, indent=2))
     lines = [f"# Soak ({report['model']})", "", f"Device: {report['device']}", "",
              f"{len(calls)} calls in {report['minutes']:.1f} min: AR and DDTree of 1-{MAX_STREAMS} streams, prompts "
-             f"1-{MAX_PROMPT}, 1-{MAX_NEW} new tokens, budgets {BUDGETS}, T in (0, 0.7, 1), 0-2 stop ids.", "",
-             f"Device memory in use after the warm-up: {min(steady) / 2**30:.3f}-{max(steady) / 2**30:.3f} GiB "
+             f"1-{MAX_PROMPT}, 1-{MAX_NEW} new tokens, budgets {', '.join(map(str, BUDGETS))}, T in (0, 0.7, 1), "
+             "0-2 stop ids.", "",
+             f"Device memory in use after the warm-up ({report['memory_counted']}): "
+             f"{min(steady) / 2**30:.3f}-{max(steady) / 2**30:.3f} GiB "
              f"(peaks {early / 2**20:.0f} and {late / 2**20:.0f} MiB over the two halves); graphs held by the "
              f"engine at the end: {calls[-1]['graphs'] if calls else 0}.", "",
              "Failures: " + ("none" if not failures else "; ".join(failures)), ""]
