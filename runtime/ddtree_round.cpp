@@ -506,7 +506,7 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
                 CUDA_CHECK(cudaGraphLaunch(graph, s));
             }
             CUDA_CHECK(cudaMemcpyAsync(flags + parity * n, state_.finished, m * 4, cudaMemcpyDeviceToHost, s));
-            if (automatic) {
+            if (policy) {
                 CUDA_CHECK(cudaMemcpyAsync(accepts + parity * n, state_.accept_len, m * 4, cudaMemcpyDeviceToHost, s));
                 CUDA_CHECK(cudaMemcpyAsync(masses + static_cast<size_t>(parity) * n * probe_width, state_.probe,
                                            static_cast<size_t>(m) * probe_width * 4, cudaMemcpyDeviceToHost, s));

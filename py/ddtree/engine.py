@@ -267,6 +267,17 @@ class Engine:
                     parts += [checkpoint[f"{base}.{proj}.weight_packed"], checkpoint[f"{base}.{proj}.weight_scale"]]
                 _native_call(self._native.upload_expert, layer, e, *parts, rank)
 
+    def auto_candidates(self, auto_budgets: Sequence[int] | None = None) -> tuple[int, ...]:
+        """The budgets a budget="auto" generation chooses among: `auto_budgets` checked against the engine's
+        budget, or by default ddtree.reference.budget.default_candidates of it; RequestError otherwise."""
+        if self.budget < 1:
+            raise RequestError("budget 'auto' needs an engine budget of at least 1")
+        try:
+            return default_candidates(self.budget) if auto_budgets is None else \
+                check_candidates(auto_budgets, self.budget)
+        except (TypeError, ValueError) as err:
+            raise RequestError(f"auto_budgets: {err}") from None
+
     def upload_drafter(self, weights: Mapping[str, np.ndarray]) -> None:
         """Copy every drafter tensor of ``weights`` (bf16 bits by checkpoint name) to the device."""
         upload_drafter_tensors(weights, self._native.upload_drafter, self._native.drafter_missing)
@@ -335,13 +346,7 @@ class Engine:
         stops = self._stop_ids(stop_token_ids)
         autos: tuple[int, ...] = ()
         if budget == AUTO:
-            if self.budget < 1:
-                raise RequestError("budget 'auto' needs an engine budget of at least 1")
-            try:
-                autos = default_candidates(self.budget) if auto_budgets is None else \
-                    check_candidates(auto_budgets, self.budget)
-            except (TypeError, ValueError) as err:
-                raise RequestError(f"auto_budgets: {err}") from None
+            autos = self.auto_candidates(auto_budgets)
             budget = autos[-1]
         elif auto_budgets is not None or budget_costs is not None:
             raise RequestError("auto_budgets and budget_costs apply to budget='auto' only")

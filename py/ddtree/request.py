@@ -95,7 +95,7 @@ def check_request(model: ModelConfig, drafter: DrafterConfig | None, prompt_ids:
     budget = drafter.block_size - 1 if budget is None else budget
     autos: tuple[int, ...] = ()
     if budget == AUTO:
-        from ddtree.reference.budget import default_candidates
+        from ddtree.reference.budget import default_candidates  # here: importing ddtree.reference imports this module
 
         autos = default_candidates(AUTO_MAX_BUDGET)
         budget = autos[-1]

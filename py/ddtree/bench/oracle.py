@@ -4,13 +4,13 @@ drawn rank replace its top-K: speed at a set acceptance, whatever the weights)."
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ddtree.engine import Engine
-from ddtree.reference.budget import check_candidates, default_candidates
 from ddtree.request import AUTO
 
 
@@ -49,10 +49,7 @@ class Decoded:
     @property
     def budget_counts(self) -> dict[int, int]:
         """Rounds run at each budget."""
-        counts: dict[int, int] = {}
-        for b in self.budgets:
-            counts[b] = counts.get(b, 0) + 1
-        return dict(sorted(counts.items()))
+        return dict(sorted(Counter(self.budgets).items()))
 
     @property
     def tokens_per_second(self) -> float:
@@ -86,8 +83,7 @@ def decode_ddtree(engine: Engine, prompts: Sequence[Sequence[int]], new_tokens: 
     kwargs: dict = {} if reference is None else {"reference": [list(r) for r in reference], "hit": list(hit or ()),
                                                  "oracle_seed": oracle_seed}
     if budget == AUTO:
-        autos = default_candidates(engine.budget) if auto_budgets is None else \
-            check_candidates(auto_budgets, engine.budget)
+        autos = engine.auto_candidates(auto_budgets)
         kwargs["auto_budgets"] = list(autos)
         budget = autos[-1]
     out = engine.native.generate_ddtree([list(p) for p in prompts], new_tokens, 0.0, 0, budget, **kwargs)

@@ -39,14 +39,15 @@ def generate(model: ReferenceModel, drafter: ReferenceDrafter | None, prompt_ids
              draft_window: int | None = None, stream: int = 0) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` (fewer when a stop token is emitted; it is
     kept). ``prompt_ids`` may be text, encoded with the tokenizer of the model's checkpoint directory; the result
-    then holds the decoded text too. ``method`` "ar" needs no drafter; "ddtree" runs one round per tree with ``budget`` nodes (default
-    block_size - 1, the reference's default; "auto": each round's budget among 8, 16, 32, 64 by the cost-aware
-    policy of ``ddtree.reference.budget``, with the round time in rows, ``rows_cost``) and records each round's
-    acceptance length (accepted nodes including the root, as the reference counts it) and budget.
-    ``draft_window`` (None: unbounded) lets the drafter attend to the last ``draft_window`` committed tokens only.
-    ``on_tokens`` is called with the tokens emitted so far whenever they grow (progress displays, streamed text). At temperature > 0 each token's Gumbel noise is keyed by
-    (``seed``, ``stream``, its position), as the GPU engine keys stream ``stream`` of a batch
-    (``ddtree.reference.sampling``): DDTree and autoregressive decoding then draw the same tokens.
+    then holds the decoded text too. ``method`` "ar" needs no drafter; "ddtree" runs one round per tree with
+    ``budget`` nodes (default block_size - 1, the reference's default; "auto": each round's budget among 8, 16, 32,
+    64 by the cost-aware policy of ``ddtree.reference.budget``, with the round time in rows, ``rows_cost``) and
+    records each round's acceptance length (accepted nodes including the root, as the reference counts it) and
+    budget. ``draft_window`` (None: unbounded) lets the drafter attend to the last ``draft_window`` committed tokens
+    only. ``on_tokens`` is called with the tokens emitted so far whenever they grow (progress displays, streamed
+    text). At temperature > 0 each token's Gumbel noise is keyed by (``seed``, ``stream``, its position), as the
+    GPU engine keys stream ``stream`` of a batch (``ddtree.reference.sampling``): DDTree and autoregressive
+    decoding then draw the same tokens.
 
     The whole request is checked before any forward runs (``ddtree.request.check_request``); logits that are not
     finite raise NonFiniteError naming the position, instead of decoding NaN as token 0."""
@@ -145,11 +146,10 @@ def _ddtree(model: ReferenceModel, drafter: ReferenceDrafter, prompt: np.ndarray
     accept_lengths: list[int] = []
     budgets: list[int] = []
     while not done:
-        width = budget
         round_budget = policy.next_budget() if policy is not None else budget
         draft_logits = _finite(drafter.draft(draft_cache, context, bonus, start),
                                start + np.arange(1, drafter.config.block_size), "drafter")
-        log_probs, token_ids = draft_top_k(draft_logits, width)
+        log_probs, token_ids = draft_top_k(draft_logits, budget)
         tree = build_tree(log_probs, token_ids, round_budget)
         ids, positions, visible = verify_inputs(tree, bonus, start)
         out = model.forward(ids, positions, cache, visible=visible, hidden_layers=taps)
