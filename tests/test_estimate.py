@@ -152,3 +152,16 @@ def test_gathered_collectives_count_two_per_layer_and_the_pick() -> None:
     one_row = model.gathered_collectives_ms(Layout(GPUS["h200"], 8, 61), 1)
     assert (2 * 61 + 1) * COLLECTIVE_LATENCY_MS < one_row < (2 * 61 + 1) * COLLECTIVE_LATENCY_MS * 1.1
     assert model.gathered_collectives_ms(Layout(GPUS["h200"], 8, 61), 16) > one_row
+
+
+def test_the_layout_is_the_runtimes() -> None:
+    """The drafter whole on every GPU (with the whole LM head of its own when the target's is split), and the
+    target's collectives gathered, as runtime/shard.h and runtime/collectives.h run them."""
+    from ddtree.estimate import shapes
+    from ddtree.estimate.round_cost import fitted
+
+    model = fitted()
+    one, eight = (model.round(Layout(MEASURED, gpus, 61), 4, 8, 1024, 3.0) for gpus in (1, 8))
+    assert one.draft == eight.draft and one.collectives == 0.0
+    assert eight.collectives == model.gathered_collectives_ms(Layout(MEASURED, 8, 61), 4 * 9)
+    assert shapes.drafter_weight_bytes(8) == shapes.drafter_weight_bytes(1) + shapes.LM_HEAD.weight_bytes(1)

@@ -177,8 +177,8 @@ def _parser() -> argparse.ArgumentParser:
     est.add_argument("--gpu", choices=sorted(GPU_PRESETS), default="h200",
                      help="GPU preset (h200 is the measured one)")
     est.add_argument("--gpus", type=_positive, default=8,
-                     help="GPUs: attention heads, dense parts and the drafter split G ways, 384 / G routed experts "
-                          "each, two collectives per layer")
+                     help="GPUs: attention heads and dense parts split G ways, 384 / G routed experts each, the "
+                          "drafter whole on each; partial sums gathered after each attention and MLP")
     est.add_argument("--layers", type=_positive, default=61,
                      help="target layers (1 dense + the rest MoE; K2 has 61, the measured models 4)")
     est.add_argument("--context", type=_positive, default=1024, help="committed tokens per stream")

@@ -7,11 +7,10 @@ routed experts, dependent launches overlap ramps) and the per-round terms (the d
 vocabulary, a cost per round and per draft row; never measured alone above one stream) are fitted on the DDTree
 round benchmark's rows.
 
-Collectives on G > 1 GPUs (not measured yet: issue 27): two per layer (after o_proj and after the MoE), each a
-reduce-scatter of fp32 partial sums by hidden-dimension slices, added in rank order so a row's sum never depends
-on the batch, and an all-gather of the bf16 result: (G-1)/G x rows x hidden x (4 + 2) bytes each GPU receives over
-NVLink, plus a fixed latency per collective; the drafter likewise per layer; two more for the vocabulary-split
-argmax and top-K.
+On G > 1 GPUs the layout is the runtime's (runtime/shard.h, runtime/collectives.h): the target split, its
+collectives gathered (gathered_collectives_ms; latency and NVLink bytes, not measured yet: issue 27), and the
+drafter whole on every GPU with the target's whole lm_head of its own, so a draft costs what it costs on one GPU
+and needs no collective.
 """
 
 from __future__ import annotations
@@ -87,7 +86,8 @@ class CostModel:
     def draft_ms(self, lay: Layout, streams: int, context: int, append_rows: int,
                  draft_layers: int = shapes.DRAFT_LAYERS, eager: bool = False) -> float:
         """One draft: the append of `append_rows` context rows, the block forward of 8 rows per stream and the LM
-        head over 7 of them."""
+        head over 7 of them, by a drafter whole on the GPU whatever the layout's count."""
+        lay = replace(lay, gpus=1)
         block = streams * shapes.DRAFT_BLOCK
         gemms = sum(self._gemm(g, block, draft_layers, lay, eager)
                     for g in (shapes.DRAFT_QKV, shapes.DRAFT_O, shapes.DRAFT_GATE_UP, shapes.DRAFT_DOWN))
@@ -100,25 +100,12 @@ class CostModel:
         return gemms + attention + small
 
     @staticmethod
-    def collectives_ms(lay: Layout, target_rows: int, draft_rows: int) -> float:
-        if lay.gpus == 1:
-            return 0.0
-
-        def one(rows: int) -> float:
-            received = (lay.gpus - 1) / lay.gpus * rows * shapes.HIDDEN * (4 + 2)
-            return COLLECTIVE_LATENCY_MS + received / lay.gpu.collective_bytes_per_s * 1e3
-
-        vocab_split = 2 * COLLECTIVE_LATENCY_MS if draft_rows else COLLECTIVE_LATENCY_MS
-        draft = 2 * shapes.DRAFT_LAYERS * one(draft_rows) if draft_rows else 0.0
-        return 2 * lay.layers * one(target_rows) + draft + vocab_split
-
-    @staticmethod
     def gathered_collectives_ms(lay: Layout, rows: int) -> float:
         """The target forward's collectives as the runtime implements them (runtime/collectives.h): per layer,
         every rank's bf16 partials all-gathered and added locally in rank order, one term after attention, one
         after a dense MLP and two (shared, routed experts) after a MoE MLP, each GPU receiving (G-1) x terms x rows
-        x hidden x 2 bytes; and the pick of the vocabulary-split LM head, (G-1) x rows x 8 bytes. A fixed latency
-        per collective as in collectives_ms."""
+        x hidden x 2 bytes; and the pick of the vocabulary-split LM head, (G-1) x rows x 8 bytes; each with a fixed
+        latency."""
         if lay.gpus == 1:
             return 0.0
 
@@ -138,14 +125,15 @@ class CostModel:
         k, per_round, per_row = self.round_coef
         return Breakdown(verify, draft, self.tree.cost(streams, budget),
                          per_round + per_row * streams * (shapes.DRAFT_BLOCK - 1),
-                         self.collectives_ms(lay, rows, streams * shapes.DRAFT_BLOCK), k)
+                         self.gathered_collectives_ms(lay, rows), k)
 
     def ar_step(self, lay: Layout, streams: int, context: int) -> Breakdown:
         """One AR decode step: the forward of one row per stream, experts touched as the routing fit says for
         trees of one node."""
         active = self.routing.active(streams, 1)
         verify = self.verify_ms(lay, streams, streams, context, active)
-        return Breakdown(verify, 0.0, 0.0, 0.0, self.collectives_ms(lay, streams, 0), float(self.round_coef[0]))
+        return Breakdown(verify, 0.0, 0.0, 0.0, self.gathered_collectives_ms(lay, streams),
+                         float(self.round_coef[0]))
 
 
 def _round_coef(model: CostModel, pts: list[dict]) -> np.ndarray:

@@ -94,7 +94,8 @@ def target_weight_bytes(layers: int, gpus: int) -> float:
 
 
 def drafter_weight_bytes(gpus: int) -> float:
-    """The drafter's own weights per GPU (its LM head and embedding are the target's)."""
-    block = DRAFT_LAYERS * sum(g.weight_bytes(gpus) for g in (DRAFT_QKV, DRAFT_O, DRAFT_GATE_UP, DRAFT_DOWN,
-                                                              DRAFT_KV_PROJ))
-    return block + DRAFT_FC.weight_bytes(gpus)
+    """The drafter's own weights on each GPU: whole on every one; its embedding is the target's, and so is its LM
+    head on one GPU, while on several it holds the whole LM head itself (the target's is split)."""
+    block = DRAFT_LAYERS * sum(g.weight_bytes(1) for g in (DRAFT_QKV, DRAFT_O, DRAFT_GATE_UP, DRAFT_DOWN,
+                                                           DRAFT_KV_PROJ))
+    return block + DRAFT_FC.weight_bytes(1) + (LM_HEAD.weight_bytes(1) if gpus > 1 else 0.0)
