@@ -133,7 +133,9 @@ void bind_engine(nb::module_& m) {
         nb::arg("max_context"), nb::arg("budget"),
         "Device bytes (weights, kv, scratch, total) an engine of these arguments without a drafter takes, counted "
         "by the engine's own layout code without a device: the pre-flight's figures.");
-    nb::class_<Engine>(m, "Engine", "The engine on one GPU: decode and tree verify (see ddtree.Engine)")
+    // weak-referenceable so that a test can tell that dropping the last reference frees it
+    nb::class_<Engine>(m, "Engine", nb::is_weak_referenceable(),
+                       "The engine on one GPU: decode and tree verify (see ddtree.Engine)")
         .def(
             "__init__",
             [](Engine* self, const nb::dict& dims, const std::vector<float>& inv_freq, float attention_factor,

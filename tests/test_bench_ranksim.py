@@ -12,6 +12,18 @@ ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = ROOT / "bench" / "results" / "multigpu" / "ranksim.json"
 
 
+def _rounded(value):
+    """`value` with every float to 9 significant digits: the model's least-squares fit may differ in the last bits
+    across BLAS builds."""
+    if isinstance(value, float):
+        return float(f"{value:.9g}")
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return value
+
+
 def test_projects_a_committed_measurement_again(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_ranksim.py"), "--from-json", str(COMMITTED),
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
@@ -19,7 +31,8 @@ def test_projects_a_committed_measurement_again(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "ranksim.json").read_text())
     committed = json.loads(COMMITTED.read_text())
     assert report["measured"] == committed["measured"] and report["rounds"] == committed["rounds"]
-    assert report["projection"] == committed["projection"], "rerun bench_ranksim.py --from-json: the model changed"
+    assert _rounded(report["projection"]) == _rounded(committed["projection"]), \
+        "rerun tools/bench_ranksim.py --from-json on the committed report: the cost model changed"
     for p in report["projection"]:
         low, high = p["ar_step_ms"]
         assert 0 < low < high and p["ar_collectives_ms"] > 0

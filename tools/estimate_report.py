@@ -252,8 +252,9 @@ def _markdown(report: dict) -> list[str]:
     lines += ["", f"## Projections: full K2 (61 layers) on 8 GPUs, context {PROFILE_CONTEXT}", "",
               "Layout: the runtime's: attention heads, dense MLP, shared expert and lm_head split 8 ways, 48 routed "
               "experts per GPU, the drafter whole on every GPU; every rank's partial sums gathered after each "
-              "attention and MLP (modelled from NVLink bandwidth and a 10 us latency, not measured). accept: tokens committed per round per stream; 3.7 and 5.3 are Kimi-K2.5-DFlash's "
-              "published chain acceptance (MT-Bench, GSM8K). Latency+SM-bound ms: the same round with "
+              "attention and MLP (modelled from NVLink bandwidth and a 10 us latency, not measured). accept: "
+              "tokens committed per round per stream; 3.7 and 5.3 are Kimi-K2.5-DFlash's published chain "
+              "acceptance (MT-Bench, GSM8K). Latency+SM-bound ms: the same round with "
               "unbounded bandwidth and tensor rate: launch and pass latencies and the GEMM's shared-memory-bound "
               "row terms (which scale with the SM count only), what no faster memory removes. ± is one sigma.", "",
               "| GPU | streams | budget | accept | round ms | DDTree tok/s | AR tok/s | speedup | "

@@ -181,22 +181,23 @@ def test_streams_stop_at_different_rounds(model_dirs: dict[str, Path], drafter_d
 
 
 def test_a_dropped_engine_is_freed_at_once(model_dirs: dict[str, Path], drafter_dirs: dict[str, Path]) -> None:
-    """Dropping the last reference to an engine that ran AR, DDTree (auto budgets, the oracle) frees it and its
-    device memory at once, with the cyclic garbage collector off: a user who replaces an engine needs its memory
-    for the next one, whose pre-flight counts free memory."""
-    prompts = _prompts(512, [6, 30], 2)
+    """Dropping the last reference to an engine that ran AR, DDTree (auto budgets, the oracle) frees it, its native
+    engine and its device memory at once, with the cyclic garbage collector off: a user who replaces an engine
+    needs its memory for the next one, whose pre-flight counts free memory."""
+    model = "tiny" if sanitizing() else "k2-layers"  # k2-layers holds GBs: far above the driver's 2 MiB pages
+    prompts = _prompts(_config(model).vocab_size, [6, 30], 2)
 
     def run_and_drop() -> tuple[int, int]:
         free_before = torch.cuda.mem_get_info()[0]
-        engine = _engine("tiny", model_dirs, drafter_dirs, 2, 16)
+        engine = _engine(model, model_dirs, drafter_dirs, 2, 16)
         ar = [r.tokens for r in engine.generate(prompts, 8, method="ar", stop_token_ids=())]
         engine.generate(prompts, 8, method="ddtree", budget="auto", stop_token_ids=())
         engine.native.generate_ddtree(prompts, 8, 0.0, 1, 16, reference=ar, hit=[0.9] * _depth(engine),
                                       oracle_seed=2)
         free_held = torch.cuda.mem_get_info()[0]
-        alive = weakref.ref(engine)
+        alive = [weakref.ref(engine), weakref.ref(engine.native)]
         del engine
-        assert alive() is None, "the engine outlived its last reference (a reference cycle holds it)"
+        assert [ref() is None for ref in alive] == [True, True], "the engine outlived its last reference"
         return free_before - free_held, torch.cuda.mem_get_info()[0] - free_held
 
     gc.collect()
@@ -207,7 +208,7 @@ def test_a_dropped_engine_is_freed_at_once(model_dirs: dict[str, Path], drafter_
     finally:
         gc.enable()
     if not sanitizing():  # the sanitizer's shards share the device: its free memory moves under them
-        assert held > 0 and freed >= 0.95 * held, f"held {held} bytes, freed {freed}"
+        assert held > 2**30 and freed >= held - 4 * 2**20, f"held {held} bytes, freed {freed}"
 
 
 def test_round_with_misses_and_one_token(model_dirs: dict[str, Path], drafter_dirs: dict[str, Path]) -> None:

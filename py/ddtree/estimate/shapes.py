@@ -4,8 +4,8 @@ Kimi-K2.5-DFlash drafter, per GPU of a G-GPU layout.
 Layout on G GPUs (issue 27's plan, which the serving stacks run for K2): MLA heads split G ways (q_b, the kv_b
 absorbs and o_proj by head; the small q_a+kv_a down-projection replicated), dense MLP and shared expert split by
 intermediate columns, routed experts 384 / G per GPU, lm_head split by vocabulary, the router replicated; the drafter
-split the same way as the target's dense parts. Every row of a forward is on every GPU (the latent KV is not
-sharded by heads: each GPU reads all of it).
+whole on every GPU, as the runtime holds it (runtime/shard.h). Every row of a forward is on every GPU (the latent KV
+is not sharded by heads: each GPU reads all of it).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ EXPERT_BYTES = 24772608
 EXPERT_FLOPS_PER_TOKEN = 2 * 3 * HIDDEN * MOE_INTER
 
 # Drafter (Kimi-K2.5-DFlash): 6 Qwen3-style layers, 64 query / 8 KV heads of 128, intermediate 18432, block 8, fc
-# over 6 taps; it uses the target's lm_head.
+# over 6 taps; it uses the target's lm_head on one GPU and holds a whole one of its own on several.
 DRAFT_LAYERS = 6
 DRAFT_BLOCK = 8
 DRAFT_KV_HEADS = 8
