@@ -34,4 +34,5 @@ NB_MODULE(_native, m) {
     ddtree::bind_tree(m);
     ddtree::bind_drafter(m);
     ddtree::bind_rank_reduce(m);
+    ddtree::bind_multi_gpu(m);
 }

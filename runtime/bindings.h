@@ -20,5 +20,6 @@ void bind_engine(nanobind::module_& m);  // after bind_kernels: adds to its subm
 void bind_tree(nanobind::module_& m);    // after bind_kernels: adds to its submodule
 void bind_drafter(nanobind::module_& m);  // after bind_engine: a drafter is built beside an Engine
 void bind_rank_reduce(nanobind::module_& m);  // after bind_kernels: adds to its submodule
+void bind_multi_gpu(nanobind::module_& m);    // after bind_kernels: adds to its submodule too
 
 }  // namespace ddtree

@@ -8,7 +8,7 @@
 // - pick: every rank's best (value, id) of a row over its vocabulary slice (greedy or Gumbel-max, sample.cuh) is
 //   gathered and the best taken, ties to the lower id: the token one GPU would choose over the whole vocabulary.
 // A rank writes its part into the slot its implementation hands out, then calls the collective on its stream.
-// Implementations: RankSimulation (rank_simulation.h, one GPU); NCCL next (see bench/results/multigpu/NOTES.md).
+// Implementations: RankSimulation (rank_simulation.h, one GPU); NcclCollectives (nccl_collectives.h, a GPU per rank).
 #pragma once
 #include <cuda_runtime.h>
 

@@ -392,7 +392,7 @@ void DdtreeRound::compact(const std::vector<int>& keep) {
     CUDA_CHECK(k::compact_slots(arrays, state_.keep, static_cast<int>(keep.size()), s));
 }
 
-TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
+DdtreeRound::RoundKey DdtreeRound::request_key(const RoundRequest& r) const {
     const int n = static_cast<int>(r.prompts.size());
     const int vocab = model_.dims().vocab;
     const bool automatic = !r.auto_budgets.empty();
@@ -401,7 +401,6 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
     const int width = has_drafter() && r.width == 0 ? std::min(top, vocab) : r.width;
     check(r, top, depth_limit, width);
     check_generation_length(r.prompts, r.max_new_tokens, cache_.max_context());
-    cudaStream_t s = model_.stream();
     // Every node of every round stays within max prompt + max_new_tokens - 1 + depth_limit keys (a finished stream
     // no longer moves); the drafter's context is at most as long, and bounded by its cache.
     int longest = 0;
@@ -411,7 +410,20 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
     const int draft_span = has_drafter() ? std::min(keys, drafter_.model->cache().capacity()) : 0;
     ProbeList probe{};
     std::copy(r.auto_budgets.begin(), r.auto_budgets.end(), probe.begin());
-    const RoundKey base{n, top, depth_limit, width, span, draft_span, r.oracle != nullptr, probe};
+    return RoundKey{n, top, depth_limit, width, span, draft_span, r.oracle != nullptr, probe};
+}
+
+CostTable DdtreeRound::round_costs(const RoundRequest& r) {
+    if (r.auto_budgets.empty()) throw std::invalid_argument("round costs: the request has no auto budgets");
+    return measure_costs(r, request_key(r));
+}
+
+TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
+    const RoundKey base = request_key(r);
+    const int n = base.streams;
+    const int top = base.budget;
+    const bool automatic = !r.auto_budgets.empty();
+    cudaStream_t s = model_.stream();
 
     // Auto budgets: the round times (given, or measured once per key by replays from the request's own prefill,
     // before the timed phases), then the policy that picks each round's budget.

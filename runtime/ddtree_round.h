@@ -124,6 +124,10 @@ class DdtreeRound {
     // Prefill (its taps appended to the drafter's context), then rounds until every stream has max_new_tokens
     // tokens or has committed a stop id.
     TreeGeneration generate(const RoundRequest& request);
+    // The auto budgets' round times generate(request) would choose by when given none (measured as it would:
+    // replays from the request's prefill, once per key). Engines holding the ranks of one model agree on one table
+    // from these (multi_gpu_engine.h) and hand it to generate, so that every rank chooses the same budgets.
+    CostTable round_costs(const RoundRequest& request);
 
     // The captured round graphs, named "round streams=N budget=B depth=D width=W span=S draft_span=T", with
     // " oracle" after it when the oracle's candidates replace (or stand for) the drafter's.
@@ -149,6 +153,8 @@ class DdtreeRound {
     };
     static std::string graph_name(const RoundKey& key);
     void check(const RoundRequest& request, int budget, int depth_limit, int width) const;
+    // The request's checked round key at its largest budget (the auto budgets' largest, or its budget).
+    RoundKey request_key(const RoundRequest& request) const;
     // The round's per-stream state for the request (prefill included) on the device.
     void start_streams(const RoundRequest& request);
     void record_round(const RoundKey& key, OpTimeline* timeline);

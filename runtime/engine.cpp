@@ -9,7 +9,7 @@
 
 #include "cuda_check.h"
 #include "mla_attn.cuh"
-#include "rank_simulation.h"
+#include "collective_slots.h"
 #include "rmsnorm.cuh"
 #include "router.cuh"
 #include "shard.h"
@@ -119,7 +119,7 @@ MemoryPlan Engine::plan_memory(const ModelDims& dims, int streams, int max_conte
     const LatentCache cache(dims, streams, max_context, tree_slots(max_budget), arena);
     plan.kv = arena.bytes();
     TargetModel::Scratch::lay_out(dims, rows, cache.stream_rows(), streams, arena);
-    if (dims.sharded()) RankSimulation::lay_out(dims.shard.ranks, rows, dims.hidden, arena);
+    if (dims.sharded()) CollectiveSlots::lay_out(dims.shard.ranks, rows, dims.hidden, arena);  // simulated or NCCL
     RowBatch::lay_out(rows, max_budget + 1, arena);
     DecodeState::lay_out(streams, max_context, arena);
     const int block = drafter != nullptr ? drafter->dims.block : 0;
@@ -134,8 +134,15 @@ MemoryPlan Engine::plan_memory(const ModelDims& dims, int streams, int max_conte
 }
 
 size_t Engine::preflight(const ModelDims& dims, const RopeTable& rope, int streams, int max_context, int max_budget,
-                         int device, const DrafterSpec* drafter, int held_ranks) {
+                         int device, const DrafterSpec* drafter, bool all_ranks, const NcclRank* nccl) {
     check_shard(dims);
+    if (nccl != nullptr && (all_ranks || !dims.sharded() || nccl->rank != dims.shard.rank ||
+                            nccl->ranks != dims.shard.ranks)) {
+        throw std::invalid_argument("an NCCL communicator's rank " + std::to_string(nccl->rank) + " of " +
+                                    std::to_string(nccl->ranks) + " must be the engine's one held rank " +
+                                    std::to_string(dims.shard.rank) + " of " + std::to_string(dims.shard.ranks));
+    }
+    const int held_ranks = all_ranks ? dims.shard.ranks : 1;
     if (drafter != nullptr && drafter->dims.own_lm_head != dims.sharded()) {
         throw std::invalid_argument("drafter: own_lm_head must be set exactly beside a split target");
     }
@@ -197,14 +204,13 @@ size_t Engine::preflight(const ModelDims& dims, const RopeTable& rope, int strea
 }
 
 Engine::Engine(const ModelDims& dims, const RopeTable& rope, int streams, int max_context, int max_budget,
-               int device, const DrafterSpec* drafter, bool all_ranks)
+               int device, const DrafterSpec* drafter, bool all_ranks, const NcclRank* nccl)
     : dims_(dims), streams_(streams), max_context_(max_context), max_budget_(max_budget), device_(device),
       max_rows_(forward_rows(streams, max_budget)),
-      planned_bytes_(preflight(dims, rope, streams, max_context, max_budget, device, drafter,
-                               all_ranks ? dims.shard.ranks : 1)),
+      planned_bytes_(preflight(dims, rope, streams, max_context, max_budget, device, drafter, all_ranks, nccl)),
       arena_(DeviceArena::Mode::kAllocate),
       cache_(dims, streams, max_context, tree_slots(max_budget), arena_),
-      model_(dims, rope, cache_, max_rows_, device, arena_, held_ranks_of(dims, all_ranks)),
+      model_(dims, rope, cache_, max_rows_, device, arena_, held_ranks_of(dims, all_ranks), nccl),
       eager_rows_(RowBatch::lay_out(max_rows_, max_budget + 1, arena_)),
       decoder_(model_, cache_, eager_rows_, DecodeState::lay_out(streams, max_context, arena_)),
       drafter_(drafter == nullptr
@@ -409,6 +415,11 @@ TreeGeneration Engine::generate_ddtree(const RoundRequest& request) {
     TreeGeneration out = round_.generate(request);
     model_.check_finite(static_cast<int>(request.prompts.size()));
     return out;
+}
+
+CostTable Engine::round_costs(const RoundRequest& request) {
+    check_weights();
+    return round_.round_costs(request);
 }
 
 void Engine::randomize_cache(uint64_t seed) {

@@ -62,9 +62,10 @@ class Engine {
     // draft cache and scratch counted by the pre-flight) and runs DDTree rounds with it.
     // A split target (dims.shard, shard.h) holds rank dims.shard.rank with its peers simulated, or with
     // `all_ranks` every rank on this GPU (rank_simulation.h); its drafter (whole on every rank) then holds the whole
-    // lm_head itself (DrafterDims::own_lm_head).
+    // lm_head itself (DrafterDims::own_lm_head). With `nccl` (rank dims.shard.rank of dims.shard.ranks in a
+    // communicator, not all_ranks) its peers are real, on other GPUs (nccl_collectives.h, multi_gpu_engine.h).
     Engine(const ModelDims& dims, const RopeTable& rope, int streams, int max_context, int max_budget, int device,
-           const DrafterSpec* drafter = nullptr, bool all_ranks = false);
+           const DrafterSpec* drafter = nullptr, bool all_ranks = false, const NcclRank* nccl = nullptr);
     ~Engine() = default;
     Engine(const Engine&) = delete;
     Engine& operator=(const Engine&) = delete;
@@ -107,6 +108,8 @@ class Engine {
     // DDTree generation on the GPU: the drafter's candidates, or the oracle's (tests and benchmarks; see
     // DdtreeRound).
     TreeGeneration generate_ddtree(const RoundRequest& request);
+    // The round times a generate_ddtree of this auto-budget request would choose by (DdtreeRound::round_costs).
+    CostTable round_costs(const RoundRequest& request);
 
     // Benchmark support: random cache contents; decode timing (ArDecoder).
     void randomize_cache(uint64_t seed);
@@ -125,7 +128,8 @@ class Engine {
     // Checks the arguments, selects the device and compares the planned bytes with its free memory (throws with
     // the numbers); returns the plan.
     static size_t preflight(const ModelDims& dims, const RopeTable& rope, int streams, int max_context,
-                            int max_budget, int device, const DrafterSpec* drafter, int held_ranks);
+                            int max_budget, int device, const DrafterSpec* drafter, bool all_ranks,
+                            const NcclRank* nccl);
     void check_weights();
     // Rows of the trees in a batch (validated); `tap_layers` checked against the model's layers.
     RowBatchBuilder tree_rows(const std::vector<VerifyTree>& trees) const;

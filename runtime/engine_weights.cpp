@@ -272,6 +272,32 @@ void Weights::randomize(uint64_t seed) {
     slots_.mark_all_uploaded();
 }
 
+void Weights::copy_replicated_from(const Weights& from) {
+    CUDA_CHECK(cudaStreamSynchronize(from.stream_));  // its own uploads or draws land first
+    CUDA_CHECK(cudaSetDevice(device_));
+    const ModelDims& d = dims_;
+    auto copy = [&](void* dst, const void* src, size_t bytes) {
+        CUDA_CHECK(cudaMemcpyPeerAsync(dst, device_, src, from.device_, bytes, stream_));
+    };
+    const size_t h = d.hidden, bf = sizeof(k::bf16);
+    copy(embed, from.embed, d.vocab * h * bf);
+    copy(final_norm, from.final_norm, h * bf);
+    for (int l = 0; l < d.layers; ++l) {
+        LayerWeights& w = layers[l];
+        const LayerWeights& f = from.layers[l];
+        copy(w.input_norm, f.input_norm, h * bf);
+        copy(w.post_norm, f.post_norm, h * bf);
+        copy(w.qkv_a, f.qkv_a, d.qkv_a() * h * bf);
+        copy(w.q_a_norm, f.q_a_norm, d.q_lora * bf);
+        copy(w.kv_a_norm, f.kv_a_norm, d.kv_lora * bf);
+        if (d.is_moe(l)) {
+            copy(w.router, f.router, static_cast<size_t>(d.experts) * h * bf);
+            copy(w.router_bias, f.router_bias, d.experts * sizeof(float));
+        }
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
 std::string Weights::missing() const {
     if (std::string m = slots_.missing(); !m.empty()) return m;
     for (int l = 0; l < dims_.layers; ++l) {

@@ -64,6 +64,10 @@ class Weights {
                        const uint16_t* down_scale);
     // Random weights of the right scale in every tensor (benchmarks at K2 dims without a checkpoint on disk).
     void randomize(uint64_t seed);
+    // The replicated tensors (embedding, norms, q_a/kv_a projections, routers) copied from another rank's weights,
+    // on this device or another: random ranks on several GPUs then share them, as the one-GPU simulation of every
+    // rank does (it reads its first rank's), so both compute one model.
+    void copy_replicated_from(const Weights& from);
     // The first tensor not uploaded yet ("" when complete).
     std::string missing() const;
 

@@ -5,10 +5,11 @@
 //   peers' parts do not exist: same-size device copies of this rank's part into their slots stand for the
 //   all-gather, then the same rank-order sum or pick runs, so the time is the rank's own with local collectives
 //   (the NVLink transfer is modelled by ddtree.estimate, not measured here); the values are not those of a model.
-// The slots live in one buffer from the engine's arena, sized for max_rows rows of two terms of `width`.
+// The slots are collective_slots.h's, as NCCL's (nccl_collectives.h).
 #pragma once
 #include <vector>
 
+#include "collective_slots.h"
 #include "collectives.h"
 #include "device_arena.h"
 
@@ -17,9 +18,6 @@ namespace ddtree {
 class RankSimulation final : public Collectives {
   public:
     RankSimulation(int ranks, std::vector<int> held, int max_rows, int width, DeviceArena& arena);
-    // Bytes it takes from an arena (the engine's pre-flight).
-    static void lay_out(int ranks, int max_rows, int width, DeviceArena& arena);
-
     int ranks() const override { return ranks_; }
     const std::vector<int>& held() const { return held_; }
     kernels::bf16* partial_slot(int rank, size_t count) override;
@@ -34,10 +32,7 @@ class RankSimulation final : public Collectives {
     int ranks_;
     std::vector<int> held_;
     std::vector<bool> is_held_;
-    size_t capacity_;  // partial elements per rank
-    int max_rows_;
-    kernels::bf16* partials_;
-    kernels::RankCandidate* candidates_;
+    CollectiveSlots slots_;
 };
 
 }  // namespace ddtree

@@ -98,7 +98,7 @@ TargetModel::Scratch TargetModel::Scratch::lay_out(const ModelDims& d, int max_r
 }
 
 TargetModel::TargetModel(const ModelDims& dims, const RopeTable& rope, const LatentCache& cache, int max_rows,
-                         int device, DeviceArena& arena, const std::vector<int>& held)
+                         int device, DeviceArena& arena, const std::vector<int>& held, const NcclRank* nccl)
     : dims_(dims), rope_(rope), cache_(cache), max_rows_(max_rows), held_(held) {
     try {
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -106,7 +106,9 @@ TargetModel::TargetModel(const ModelDims& dims, const RopeTable& rope, const Lat
         CUDA_CHECK(cudaEventCreateWithFlags(&side_event_, cudaEventDisableTiming));
         for (int rank : held_) weights_.push_back(std::make_unique<Weights>(dims.for_rank(rank), device, max_rows,
                                                                             stream_));
-        if (dims.sharded()) {
+        if (dims.sharded() && nccl != nullptr) {
+            collectives_ = std::make_unique<NcclCollectives>(*nccl, max_rows, dims.hidden, arena);
+        } else if (dims.sharded()) {
             collectives_ = std::make_unique<RankSimulation>(dims.shard.ranks, held_, max_rows, dims.hidden, arena);
         }
         s_ = Scratch::lay_out(dims, max_rows, cache.stream_rows(), cache.streams(), arena);

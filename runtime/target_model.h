@@ -2,7 +2,8 @@
 // every layer (MLA attention over the latent cache, dense MLP or MoE), the final norm and the LM head's logits,
 // with optional taps of the residual stream and capture of the experts chosen. Nothing here allocates or waits on
 // the host after construction, so a forward can be captured into a CUDA graph.
-// A split target (dims.shard) holds the share of each rank in `held` (every rank, or its own: rank_simulation.h):
+// A split target (dims.shard) holds the share of each rank in `held` (every rank, or its own: rank_simulation.h, or
+// its own with real peers: nccl_collectives.h):
 // each attention and each MLP ends with the ranks' partial sums added by the collectives, and the logits of rank
 // r are its vocabulary slice, at columns [first_token, + rank_vocab) of the logits rows.
 #pragma once
@@ -17,6 +18,7 @@
 #include "engine_weights.h"
 #include "latent_cache.h"
 #include "model_dims.h"
+#include "nccl_collectives.h"
 #include "op_timeline.h"
 #include "row_batch.h"
 
@@ -54,9 +56,10 @@ class TargetModel {
         static Scratch lay_out(const ModelDims& dims, int max_rows, int max_len, int streams, DeviceArena& arena);
     };
 
-    // `held`: the ranks of dims.shard this GPU computes (increasing; {0} for a whole model).
+    // `held`: the ranks of dims.shard this GPU computes (increasing; {0} for a whole model). `nccl`: this GPU's rank
+    // in a communicator of real peers (held is then {dims.shard.rank}); nullptr: the peers are simulated.
     TargetModel(const ModelDims& dims, const RopeTable& rope, const LatentCache& cache, int max_rows, int device,
-                DeviceArena& arena, const std::vector<int>& held);
+                DeviceArena& arena, const std::vector<int>& held, const NcclRank* nccl = nullptr);
     ~TargetModel();
     TargetModel(const TargetModel&) = delete;
     TargetModel& operator=(const TargetModel&) = delete;

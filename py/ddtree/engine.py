@@ -22,6 +22,7 @@ from ddtree.config import LORA_NORM_EPS, ModelConfig
 from ddtree.drafter import DrafterConfig, open_drafter
 from ddtree.errors import NonFiniteError, RequestError, check_token_ids
 from ddtree.limits import MAX_STOP_IDS, MAX_TREE_BUDGET
+from ddtree.nccl import nccl_library
 from ddtree.reference.budget import CostTable, check_candidates, default_candidates
 from ddtree.request import AUTO, METHODS, check_seed, check_stop_ids
 from ddtree.reference.rope import Rope
@@ -104,18 +105,44 @@ def upload_drafter_tensors(weights: Mapping[str, np.ndarray], upload: Callable[[
 
 
 def _native_engine(cfg: ModelConfig, streams: int, max_context: int, budget: int, device: int,
-                   drafter: dict[str, Any] | None, shard: Shard, all_ranks: bool) -> Any:
-    from ddtree.device import has_cuda_device
+                   drafter: dict[str, Any] | None, shard: Shard, all_ranks: bool,
+                   devices: tuple[int, ...] | None) -> Any:
+    from ddtree.device import device_info
 
-    if not has_cuda_device():
+    present = len(device_info().devices)
+    if present == 0:
         raise RuntimeError("ddtree.Engine needs a CUDA device, and none is present (the numpy reference "
                            "ddtree.reference runs without one)")
     from ddtree import _native
 
     rope = Rope.from_config(cfg)
-    return _native_call(_native.Engine, engine_dims(cfg), rope.inv_freq.tolist(), float(rope.attention_factor),
-                        rope.interleave, streams, max_context, budget, device, drafter, shard.rank, shard.ranks,
-                        all_ranks)
+    args = (engine_dims(cfg), rope.inv_freq.tolist(), float(rope.attention_factor), rope.interleave, streams,
+            max_context, budget)
+    if devices is None:
+        return _native_call(_native.Engine, *args, device, drafter, shard.rank, shard.ranks, all_ranks)
+    missing = [d for d in devices if d >= present]
+    if missing:
+        raise RequestError(f"devices: device {missing[0]} does not exist ({present} CUDA devices)")
+    return _native_call(_native.MultiGpuEngine, *args, list(devices), nccl_library(), drafter)
+
+
+def check_devices(devices: Sequence[int] | None, shard: Shard | None, all_ranks: bool) -> tuple[int, ...] | None:
+    """`devices` as a tuple of distinct device indices (None: one GPU); RequestError naming the argument for
+    anything else, or beside `shard` or `all_ranks` (devices split the target themselves, one rank per GPU)."""
+    if devices is None:
+        return None
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence) or len(devices) == 0:
+        raise RequestError(f"devices must be a non-empty sequence of CUDA device indices, got {devices!r:.80}")
+    for d in devices:
+        if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+            raise RequestError(f"devices must hold non-negative integers (CUDA device indices), got {d!r:.40}")
+    if len(set(devices)) != len(devices):
+        raise RequestError(f"devices must not repeat a device, got {tuple(devices)}")
+    if shard is not None:
+        raise RequestError("devices and shard: pass one (devices split the target, rank r on devices[r])")
+    if all_ranks:
+        raise RequestError("devices and all_ranks: pass one (all_ranks simulates every rank on one GPU)")
+    return tuple(devices)
 
 
 def _check_supported(cfg: ModelConfig) -> None:
@@ -175,18 +202,25 @@ class Engine:
     tokens are not a model's, its time is one rank's. With `all_ranks` the engine holds every rank's share on this
     GPU and its collectives are exact: its logits are the whole model's up to the rank-order sums' rounding. Its
     drafter is whole on every rank and holds the target's whole lm_head itself.
+
+    `devices` (instead of `device`, `shard` and `all_ranks`): the target split over len(devices) GPUs of this host,
+    rank r on devices[r] (runtime/multi_gpu_engine.h): one process and one host thread per GPU, NCCL between them
+    (ddtree.nccl finds the library). The checkpoint is opened once and each rank's slices uploaded to its GPU; the
+    ranks run every call in lockstep and their tokens are checked to agree. Its logits are those of the one-GPU
+    `all_ranks` engine (the same rank-order sums).
     """
 
     last_costs: CostTable | None = None  # the round times the last budget="auto" generate chose by
 
     def __init__(self, model_dir: str | Path, drafter_dir: str | Path | None = None, streams: int = 1,
                  max_context: int = 4096, budget: int | None = None, device: int = 0,
-                 draft_window: int | None = None, shard: Shard | None = None, all_ranks: bool = False) -> None:
+                 draft_window: int | None = None, shard: Shard | None = None, all_ranks: bool = False,
+                 devices: Sequence[int] | None = None) -> None:
         checkpoint = open_checkpoint(model_dir)
         drafter_config, drafter_checkpoint = (None, None) if drafter_dir is None else \
             open_drafter(drafter_dir, checkpoint.config)
         self._create(checkpoint.config, streams, max_context, budget, device, drafter_config, draft_window, shard,
-                     all_ranks)
+                     all_ranks, devices)
         self._upload(checkpoint)
         if drafter_checkpoint is not None:
             if self.shard.ranks > 1:  # the drafter's LM head is the target's whole table, held by the drafter
@@ -199,12 +233,14 @@ class Engine:
     def random(cls, cfg: ModelConfig, streams: int, max_context: int, budget: int | None = None, device: int = 0,
                seed: int = 0, drafter: DrafterConfig | None = None,
                drafter_weights: Mapping[str, np.ndarray] | None = None,
-               draft_window: int | None = None, shard: Shard | None = None, all_ranks: bool = False) -> Engine:
+               draft_window: int | None = None, shard: Shard | None = None, all_ranks: bool = False,
+               devices: Sequence[int] | None = None) -> Engine:
         """An engine with random weights of the right scale (benchmarks at K2 dims with no checkpoint on disk), and
         with `drafter` a drafter of those dims: `drafter_weights` (bf16 bits by checkpoint name), else random.
-        `shard`, `all_ranks`: as for Engine (each held rank's share drawn on the device, no checkpoint needed)."""
+        `shard`, `all_ranks`, `devices`: as for Engine (each held rank's share drawn on the device, no checkpoint
+        needed; with devices, the same model as the all_ranks engine of the same seed)."""
         engine = cls.__new__(cls)
-        engine._create(cfg, streams, max_context, budget, device, drafter, draft_window, shard, all_ranks)
+        engine._create(cfg, streams, max_context, budget, device, drafter, draft_window, shard, all_ranks, devices)
         engine._native.randomize_weights(seed)
         if drafter is not None:
             if drafter_weights is None or engine.shard.ranks > 1:  # a split target's drafter: a random LM head too
@@ -216,8 +252,11 @@ class Engine:
 
     def _create(self, cfg: ModelConfig, streams: int, max_context: int, budget: int | None, device: int,
                 drafter: DrafterConfig | None, draft_window: int | None, shard: Shard | None,
-                all_ranks: bool) -> None:
+                all_ranks: bool, devices: Sequence[int] | None = None) -> None:
         _check_supported(cfg)
+        self.devices = check_devices(devices, shard, all_ranks)
+        if self.devices is not None:
+            shard = Shard(0, len(self.devices))
         shard = Shard() if shard is None else shard
         if not isinstance(shard, Shard):
             raise RequestError(f"shard must be a ddtree.shard.Shard or None, got {shard!r:.80}")
@@ -233,7 +272,8 @@ class Engine:
         self.config, self.streams, self.max_context, self.budget = cfg, streams, max_context, budget
         self.drafter_config, self.draft_window = drafter, draft_window
         spec = None if drafter is None else drafter_spec(drafter, draft_window)
-        self._native = _native_engine(cfg, streams, max_context, budget, device, spec, shard, bool(all_ranks))
+        self._native = _native_engine(cfg, streams, max_context, budget, device, spec, shard, bool(all_ranks),
+                                      self.devices)
 
     @property
     def native(self) -> Any:
@@ -378,4 +418,5 @@ class Engine:
         return [with_text(r, tokenizer) for r in results]
 
 
-__all__ = ["CapturedGraph", "Engine", "drafter_dims", "drafter_spec", "engine_dims", "validate_request"]
+__all__ = ["CapturedGraph", "Engine", "check_devices", "drafter_dims", "drafter_spec", "engine_dims",
+           "validate_request"]

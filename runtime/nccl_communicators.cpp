@@ -1,0 +1,34 @@
+#include "nccl_communicators.h"
+
+#include <cstdlib>
+#include <set>
+#include <stdexcept>
+#include <string>
+
+#include "cuda_check.h"
+
+namespace ddtree {
+
+NcclCommunicators::NcclCommunicators(const nccl::Library& library, const std::vector<int>& devices)
+    : library_(library), comms_(devices.size(), nullptr) {
+    int count = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&count));
+    if (devices.empty()) throw std::invalid_argument("devices: at least one CUDA device");
+    if (std::set<int>(devices.begin(), devices.end()).size() != devices.size()) {
+        throw std::invalid_argument("devices: each device at most once");
+    }
+    for (int d : devices) {
+        if (d < 0 || d >= count) {
+            throw std::invalid_argument("devices: device " + std::to_string(d) + " does not exist (" +
+                                        std::to_string(count) + " CUDA devices)");
+        }
+    }
+    setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+    library_.check(library_.comm_init_all(comms_.data(), size(), devices.data()), "ncclCommInitAll");
+}
+
+NcclCommunicators::~NcclCommunicators() {
+    for (nccl::Comm comm : comms_) library_.comm_destroy(comm);  // a destructor reports nothing
+}
+
+}  // namespace ddtree

@@ -1,0 +1,29 @@
+// The communicators of one process driving several local GPUs: one ncclCommInitAll over the devices (no
+// unique-id exchange, no launcher), rank r on devices[r], destroyed together. NVLink multicast (NVLS) is turned
+// off before they are created unless NCCL_NVLS_ENABLE is already set: the machines this runs on require it off,
+// and the collectives here are small gathers that do not need it.
+#pragma once
+#include <vector>
+
+#include "nccl_collectives.h"
+#include "nccl_library.h"
+
+namespace ddtree {
+
+class NcclCommunicators {
+  public:
+    // std::invalid_argument naming `devices` when they repeat, are missing, or name a device that does not exist.
+    NcclCommunicators(const nccl::Library& library, const std::vector<int>& devices);
+    ~NcclCommunicators();
+    NcclCommunicators(const NcclCommunicators&) = delete;
+    NcclCommunicators& operator=(const NcclCommunicators&) = delete;
+
+    int size() const { return static_cast<int>(comms_.size()); }
+    NcclRank rank(int r) const { return NcclRank{&library_, comms_.at(r), r, size()}; }
+
+  private:
+    const nccl::Library& library_;
+    std::vector<nccl::Comm> comms_;
+};
+
+}  // namespace ddtree

@@ -1,0 +1,172 @@
+#include "nccl_exchange_check.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <functional>
+#include <stdexcept>
+
+#include "cuda_check.h"
+#include "device_arena.h"
+#include "nccl_collectives.h"
+#include "nccl_communicators.h"
+#include "rank_workers.h"
+
+namespace ddtree {
+
+namespace k = ddtree::kernels;
+
+namespace {
+
+// One rank's stream, collectives and scratch on its device.
+struct RankSetup {
+    cudaStream_t stream = nullptr;
+    DeviceArena arena{DeviceArena::Mode::kAllocate};
+    std::unique_ptr<NcclCollectives> collectives;
+    k::bf16* out = nullptr;
+    int32_t* tokens = nullptr;
+
+    RankSetup(const NcclRank& self, int rows, int width) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        collectives = std::make_unique<NcclCollectives>(self, rows, width, arena);
+        out = arena.take<k::bf16>(static_cast<size_t>(rows) * width);
+        tokens = arena.take<int32_t>(rows);
+    }
+    ~RankSetup() {
+        collectives.reset();
+        cudaStreamDestroy(stream);
+    }
+    RankSetup(const RankSetup&) = delete;
+    RankSetup& operator=(const RankSetup&) = delete;
+};
+
+// The graph of `record` on `stream`, instantiated; the caller destroys both.
+std::pair<cudaGraph_t, cudaGraphExec_t> capture(cudaStream_t stream, const std::function<void()>& record) {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    try {
+        record();
+    } catch (...) {
+        cudaStreamEndCapture(stream, &graph);
+        if (graph != nullptr) cudaGraphDestroy(graph);
+        throw;
+    }
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    return {graph, exec};
+}
+
+void check_sizes(int ranks, int terms, int rows, int width) {
+    if (terms < 1 || terms > CollectiveSlots::kMaxTerms || rows < 1 || width < 1) {
+        throw std::invalid_argument("terms must be in 1.." + std::to_string(CollectiveSlots::kMaxTerms) +
+                                    ", rows and width positive");
+    }
+    if (ranks < 1) throw std::invalid_argument("devices: at least one CUDA device");
+}
+
+}  // namespace
+
+NcclExchangeResult nccl_exchange_check(const std::string& library, const std::vector<int>& devices, int terms,
+                                       int rows, int width, const std::vector<std::vector<uint16_t>>& parts,
+                                       const std::vector<std::vector<k::RankCandidate>>& candidates) {
+    const int ranks = static_cast<int>(devices.size());
+    check_sizes(ranks, terms, rows, width);
+    const size_t count = static_cast<size_t>(terms) * rows * width;
+    if (static_cast<int>(parts.size()) != ranks || static_cast<int>(candidates.size()) != ranks) {
+        throw std::invalid_argument("parts and candidates: one entry per device");
+    }
+    for (int r = 0; r < ranks; ++r) {
+        if (parts[r].size() != count || static_cast<int>(candidates[r].size()) != rows) {
+            throw std::invalid_argument("parts[" + std::to_string(r) + "] must hold terms x rows x width values and "
+                                        "candidates[" + std::to_string(r) + "] rows");
+        }
+    }
+    NcclCommunicators comms(nccl::Library::open(library), devices);
+    RankWorkers workers(devices);
+    NcclExchangeResult out{std::vector<std::vector<uint16_t>>(ranks), std::vector<std::vector<int32_t>>(ranks)};
+    workers.run([&](int r) {
+        RankSetup s(comms.rank(r), rows, width);
+        CUDA_CHECK(cudaMemcpyAsync(s.collectives->partial_slot(r, count), parts[r].data(), count * 2,
+                                   cudaMemcpyHostToDevice, s.stream));
+        CUDA_CHECK(cudaMemcpyAsync(s.collectives->candidate_slot(r, rows), candidates[r].data(),
+                                   rows * sizeof(k::RankCandidate), cudaMemcpyHostToDevice, s.stream));
+        const auto [graph, exec] = capture(s.stream, [&] {
+            s.collectives->sum_partials(terms, rows, width, s.out, s.stream);
+            s.collectives->pick(rows, s.tokens, s.stream);
+        });
+        cudaError_t launched = cudaGraphLaunch(exec, s.stream);
+        out.sums[r].resize(static_cast<size_t>(rows) * width);
+        out.tokens[r].resize(rows);
+        if (launched == cudaSuccess) {
+            launched = cudaMemcpyAsync(out.sums[r].data(), s.out, out.sums[r].size() * 2, cudaMemcpyDeviceToHost,
+                                       s.stream);
+        }
+        if (launched == cudaSuccess) {
+            launched = cudaMemcpyAsync(out.tokens[r].data(), s.tokens, rows * 4, cudaMemcpyDeviceToHost, s.stream);
+        }
+        if (launched == cudaSuccess) launched = cudaStreamSynchronize(s.stream);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        CUDA_CHECK(launched);
+    });
+    return out;
+}
+
+std::pair<double, double> time_nccl_exchange(const std::string& library, const std::vector<int>& devices, int terms,
+                                             int rows, int width, int per_graph, int iters) {
+    const int ranks = static_cast<int>(devices.size());
+    check_sizes(ranks, terms, rows, width);
+    if (per_graph < 1 || iters < 1) throw std::invalid_argument("per_graph and iters must be positive");
+    const size_t count = static_cast<size_t>(terms) * rows * width;
+    NcclCommunicators comms(nccl::Library::open(library), devices);
+    RankWorkers workers(devices);
+    std::vector<std::pair<double, double>> seconds(ranks);
+    workers.run([&](int r) {
+        const NcclRank self = comms.rank(r);
+        RankSetup s(self, rows, width);
+        CUDA_CHECK(cudaMemsetAsync(s.collectives->partial_slot(0, count), 0, ranks * count * 2, s.stream));
+        const nccl::Library& lib = *self.library;
+        k::bf16* reduced = s.arena.take<k::bf16>(count);
+        CUDA_CHECK(cudaMemsetAsync(reduced, 0, count * 2, s.stream));
+        const auto gathered = capture(s.stream, [&] {
+            for (int i = 0; i < per_graph; ++i) s.collectives->sum_partials(terms, rows, width, s.out, s.stream);
+        });
+        const auto all_reduced = capture(s.stream, [&] {
+            for (int i = 0; i < per_graph; ++i) {
+                lib.check(lib.all_reduce(reduced, reduced, count, nccl::kBfloat16, nccl::kSum, self.comm, s.stream),
+                          "ncclAllReduce");
+            }
+        });
+        cudaEvent_t begin = nullptr, end = nullptr;
+        CUDA_CHECK(cudaEventCreate(&begin));
+        CUDA_CHECK(cudaEventCreate(&end));
+        auto median = [&](cudaGraphExec_t exec) {
+            std::vector<double> times;
+            CUDA_CHECK(cudaGraphLaunch(exec, s.stream));  // warm-up
+            for (int i = 0; i < iters; ++i) {
+                CUDA_CHECK(cudaEventRecord(begin, s.stream));
+                CUDA_CHECK(cudaGraphLaunch(exec, s.stream));
+                CUDA_CHECK(cudaEventRecord(end, s.stream));
+                CUDA_CHECK(cudaEventSynchronize(end));
+                float ms = 0.f;
+                CUDA_CHECK(cudaEventElapsedTime(&ms, begin, end));
+                times.push_back(ms * 1e-3 / per_graph);
+            }
+            std::sort(times.begin(), times.end());
+            return times[times.size() / 2];
+        };
+        seconds[r] = {median(gathered.second), median(all_reduced.second)};
+        cudaEventDestroy(begin);
+        cudaEventDestroy(end);
+        for (const auto& [graph, exec] : {gathered, all_reduced}) {
+            cudaGraphExecDestroy(exec);
+            cudaGraphDestroy(graph);
+        }
+    });
+    std::pair<double, double> slowest{0.0, 0.0};
+    for (const auto& [g, a] : seconds) slowest = {std::max(slowest.first, g), std::max(slowest.second, a)};
+    return slowest;
+}
+
+}  // namespace ddtree

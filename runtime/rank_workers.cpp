@@ -1,0 +1,118 @@
+#include "rank_workers.h"
+
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "cuda_check.h"
+#include "target_model.h"
+
+namespace ddtree {
+
+namespace {
+
+// `error` again with `prefix` before its message, of the same kind.
+[[noreturn]] void rethrow_with(const std::exception_ptr& error, const std::string& prefix) {
+    try {
+        std::rethrow_exception(error);
+    } catch (const NonFiniteLogits& e) {
+        throw NonFiniteLogits(prefix + e.what());
+    } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(prefix + e.what());
+    } catch (const CudaError& e) {
+        throw CudaError(prefix + e.what());
+    } catch (const std::exception& e) {
+        throw std::runtime_error(prefix + e.what());
+    } catch (...) {
+        throw std::runtime_error(prefix + "unknown error");
+    }
+}
+
+std::string message(const std::exception_ptr& error) {
+    try {
+        std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+        return e.what();
+    } catch (...) {
+        return "unknown error";
+    }
+}
+
+}  // namespace
+
+RankWorkers::RankWorkers(std::vector<int> devices) : devices_(std::move(devices)), errors_(devices_.size()) {
+    threads_.reserve(devices_.size());
+    for (int r = 0; r < size(); ++r) threads_.emplace_back([this, r] { serve(r); });
+}
+
+RankWorkers::~RankWorkers() {
+    {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        stop_ = true;
+    }
+    start_.notify_all();
+    for (std::thread& t : threads_) t.join();
+}
+
+void RankWorkers::serve(int rank) {
+    std::exception_ptr device_error;
+    try {
+        CUDA_CHECK(cudaSetDevice(devices_[rank]));
+    } catch (...) {
+        device_error = std::current_exception();  // reported by every job this thread is given
+    }
+    uint64_t seen = 0;
+    for (;;) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        const std::function<void(int)>& job = *job_;
+        lock.unlock();
+        std::exception_ptr error = device_error;
+        if (!error) {
+            try {
+                job(rank);
+            } catch (...) {
+                error = std::current_exception();
+            }
+        }
+        lock.lock();
+        errors_[rank] = error;
+        if (--pending_ == 0) finished_.notify_all();
+    }
+}
+
+void RankWorkers::run(const std::function<void(int rank)>& job) {
+    const std::lock_guard<std::mutex> one_run(run_mutex_);  // one job at a time, whatever the callers' threads
+    std::unique_lock<std::mutex> lock(mutex_);
+    job_ = &job;
+    pending_ = size();
+    ++generation_;
+    start_.notify_all();
+    finished_.wait(lock, [&] { return pending_ == 0; });
+    job_ = nullptr;
+    int first = -1;
+    bool alike = true;
+    for (int r = 0; r < size(); ++r) {
+        if (!errors_[r]) {
+            alike = false;
+            continue;
+        }
+        if (first < 0) {
+            first = r;
+        } else if (message(errors_[r]) != message(errors_[first])) {
+            alike = false;
+        }
+    }
+    if (first < 0) return;
+    std::exception_ptr error = errors_[first];
+    for (std::exception_ptr& e : errors_) e = nullptr;
+    lock.unlock();
+    if (alike) std::rethrow_exception(error);
+    rethrow_with(error, "rank " + std::to_string(first) + ": ");
+}
+
+}  // namespace ddtree
