@@ -257,7 +257,11 @@ void bind_engine(nb::module_& m) {
         .def("randomize_cache", &Engine::randomize_cache, nb::arg("seed"), nb::call_guard<nb::gil_scoped_release>())
         .def("profile_step", &Engine::profile_step, nb::arg("streams"), nb::arg("positions"), nb::arg("iters"),
              nb::arg("temperature") = 1.0f, nb::arg("seed") = 1, nb::call_guard<nb::gil_scoped_release>(),
-             "Device seconds per operation of one eager decode step, the sampler at `temperature`.");
+             "Device seconds per operation of one eager decode step, the sampler at `temperature`.")
+        .def("time_collectives", &Engine::time_collectives, nb::arg("rows"), nb::arg("iters"),
+             nb::call_guard<nb::gil_scoped_release>(),
+             "A split target's collectives of one forward over `rows` rows (on a simulated rank: the stand-in "
+             "copies and the rank-order sums), captured apart and replayed: median device seconds.");
     bind_engine_surface(engine);
 
     m.attr("MAX_BUDGET") = kernels::kTreeMaxBudget;

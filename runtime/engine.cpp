@@ -439,6 +439,11 @@ StepProfile Engine::profile_step(int n, const std::vector<int32_t>& positions, i
     return decoder_.profile_step(n, positions, iters, temperature, seed);
 }
 
+double Engine::time_collectives(int rows, int iters) {
+    CUDA_CHECK(cudaSetDevice(device_));
+    return model_.time_collectives(rows, iters);
+}
+
 std::vector<CapturedGraph> Engine::graphs() const {
     std::vector<CapturedGraph> out = decoder_.graphs();
     for (CapturedGraph& g : round_.graphs()) out.push_back(std::move(g));

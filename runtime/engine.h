@@ -117,6 +117,8 @@ class Engine {
                                           uint64_t seed);
     StepProfile profile_step(int n, const std::vector<int32_t>& positions, int iters, float temperature,
                              uint64_t seed);
+    // A split target's collectives of one forward over `rows` rows, replayed apart (TargetModel::time_collectives).
+    double time_collectives(int rows, int iters);
 
     // Profiling: the captured CUDA graphs (decode steps, then DDTree rounds), and the device seconds of each of n
     // replays of the one called `name` (std::invalid_argument naming `name` or `n` otherwise), after a warm-up

@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "collective_timing.h"
 #include "cuda_check.h"
 #include "embed.cuh"
 #include "gemm.cuh"
@@ -354,6 +355,15 @@ void TargetModel::sample(const RowBatch& rows, int n_logits) {
                                         s_.seed, rows.logit_stream_ids, rows.logit_positions, stream_));
     }
     collectives_->pick(n_logits, s_.tokens, stream_);
+}
+
+double TargetModel::time_collectives(int rows, int iters) {
+    if (!collectives_) throw std::invalid_argument("time_collectives: the target is not split over ranks");
+    if (rows < 1 || rows > max_rows_ || iters < 1) {
+        throw std::invalid_argument("time_collectives: rows " + std::to_string(rows) + " (1.." +
+                                    std::to_string(max_rows_) + "), iters " + std::to_string(iters) + " (>= 1)");
+    }
+    return time_forward_collectives(*collectives_, dims_, rows, s_.delta, s_.tokens, stream_, iters);
 }
 
 void TargetModel::clear_nonfinite() {

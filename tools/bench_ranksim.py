@@ -8,14 +8,16 @@ rank-order sum runs, so a step is one rank's work with local collectives. Beside
 the Kimi-K2.5-DFlash shape (6 layers, block 8, taps 1 12 24 35 47 58) holding the whole lm_head. Reports, at 1 / 4 /
 16 streams and 1k context:
 - the per-rank AR step (CUDA graph replay, tokens sampled at T = 1 so the routing stays that of diverse tokens);
-- the local collectives' time (the eager step's sum_partials operations: the stand-in copies and the sums);
+- the local collectives' time: the eager step's sum_partials operations (the stand-in copies and the sums), and
+  one forward's collectives captured apart in a graph and replayed (Engine.time_collectives), at the step's and at
+  each round's verify rows;
 - the per-rank DDTree round at budgets 8 and 32 with ORACLE candidates at --mean-accept (greedy; the drafter's
   forward and top-K run, then the oracle's candidates replace its top-K: random weights accept nothing);
 - ddtree.estimate's model of the same rank (fitted on 4-layer engines, so these are held out), step and rounds;
-- an 8 x H200 projection with the modelled NCCL all-gathers of the runtime's design (ddtree.estimate's
-  gathered_collectives_ms: latency + bytes over NVLink, not measured) in place of the local stand-ins: AR as a
-  range, from the measured step with its stand-ins kept to the step less its eager local collectives (stand-ins
-  and sums: their in-graph time lies between); DDTree from the measured round with its stand-ins kept.
+- an 8 x H200 projection: the measured step and round less their in-graph local collectives, plus the modelled
+  NCCL all-gathers of the runtime's design (ddtree.estimate's gathered_collectives_ms: latency + bytes over NVLink,
+  not measured). Reports from before the in-graph time was measured give AR as a range (the stand-ins kept, or
+  their eager time removed) and DDTree with them kept.
 Writes ranksim.json and ranksim.md to --out. About 3-5 minutes on one H200; --from-json projects a committed
 ranksim.json again with the current model, on any machine.
 """
@@ -70,11 +72,13 @@ def measure(engine: Engine, iters: int) -> list[dict]:
         step_s, host_s = native.time_decode(n, positions, iters, temperature=SAMPLE_TEMPERATURE)
         profile = dict(native.profile_step(n, positions, 2, temperature=SAMPLE_TEMPERATURE))
         local_ms = profile.get("sum_partials", 0.0) * 1e3
+        in_graph_ms = native.time_collectives(n, iters) * 1e3
         rows.append({"streams": n, "context": CONTEXT, "step_ms": step_s * 1e3, "host_us_per_step": host_s * 1e6,
                      "local_collectives_ms": local_ms, "local_collectives_per_step": 2 * K2_LAYERS,
+                     "collectives_in_graph_ms": in_graph_ms,
                      "breakdown_ms": {k: v * 1e3 for k, v in sorted(profile.items(), key=lambda kv: -kv[1])}})
         print(f"rank {RANK} of {RANKS}: {n} streams: {step_s * 1e3:.3f} ms/step, local collectives "
-              f"{local_ms:.3f} ms (eager), host {host_s * 1e6:.1f} us", flush=True)
+              f"{local_ms:.3f} ms eager, {in_graph_ms:.3f} ms in a graph, host {host_s * 1e6:.1f} us", flush=True)
     return rows
 
 
@@ -92,7 +96,8 @@ def measure_rounds(engine: Engine, cfg, mean_accept: float) -> list[dict]:
             exact = dd.tokens == ar.tokens
             rows.append({"streams": n, "budget": budget, "round_ms": dd.round_seconds * 1e3,
                          "mean_accept": dd.mean_accept, "exact": exact,
-                         "host_us_per_round": dd.host_seconds_per_round * 1e6})
+                         "host_us_per_round": dd.host_seconds_per_round * 1e6,
+                         "collectives_in_graph_ms": engine.native.time_collectives(n * (budget + 1), 20) * 1e3})
             print(f"rank {RANK} of {RANKS}: {n} streams, budget {budget}: {dd.round_seconds * 1e3:.3f} ms/round, "
                   f"accept {dd.mean_accept:.2f}, tokens equal AR's: {exact}", flush=True)
     return rows
@@ -108,17 +113,21 @@ def project(measured: list[dict], rounds: list[dict]) -> list[dict]:
         n = m["streams"]
         gathers = model.gathered_collectives_ms(lay, n)
         ar_model = model.ar_step(lay, n, m["context"])
-        high = m["step_ms"] + gathers
-        low = m["step_ms"] - m["local_collectives_ms"] + gathers
+        if "collectives_in_graph_ms" in m:  # the stand-ins' and sums' own time, measured in a graph
+            low = high = m["step_ms"] - m["collectives_in_graph_ms"] + gathers
+        else:  # reports from before it was measured: between keeping them and removing their eager time
+            low, high = m["step_ms"] - m["local_collectives_ms"] + gathers, m["step_ms"] + gathers
         row = {"streams": n, "ar_step_ms": [low, high], "ar_tokens_per_s": [n / high * 1e3, n / low * 1e3],
-               "ar_collectives_ms": gathers, "model_rank_step_ms": ar_model.total - ar_model.collectives,
-               "model_ar_step_ms": ar_model.total, "ddtree": []}
+               "ar_collectives_ms": gathers, "rank_step_ms": m["step_ms"] - m.get("collectives_in_graph_ms", 0.0),
+               "model_rank_step_ms": ar_model.total - ar_model.collectives, "model_ar_step_ms": ar_model.total,
+               "ddtree": []}
         for r in (r for r in rounds if r["streams"] == n):
             b = model.round(lay, n, r["budget"], m["context"], r["mean_accept"])
             collectives = model.gathered_collectives_ms(lay, n * (r["budget"] + 1))
-            round_ms = r["round_ms"] + collectives
-            row["ddtree"].append({"budget": r["budget"], "round_ms": round_ms, "collectives_ms": collectives,
-                                  "mean_accept": r["mean_accept"],
+            rank_ms = r["round_ms"] - r.get("collectives_in_graph_ms", 0.0)
+            round_ms = rank_ms + collectives
+            row["ddtree"].append({"budget": r["budget"], "rank_round_ms": rank_ms, "round_ms": round_ms,
+                                  "collectives_ms": collectives, "mean_accept": r["mean_accept"],
                                   "tokens_per_s": n * r["mean_accept"] / round_ms * 1e3,
                                   "model_rank_round_ms": b.total - b.collectives, "model_round_ms": b.total,
                                   "model_tokens_per_s": n * r["mean_accept"] / b.total * 1e3})
@@ -131,33 +140,33 @@ def write_reports(out: Path, report: dict) -> None:
         f"Rank {RANK} of {RANKS} of the {K2_LAYERS}-layer K2 target, its peers simulated by local copies "
         f"(tools/bench_ranksim.py); context {CONTEXT}; weights {report['weights_gib']:.1f} GiB on this GPU.", "",
         "## Per-rank AR step (CUDA graph replay)", "",
-        "| streams | ms/step | host us/step | local collectives ms (eager) |", "|---|---|---|---|"]
+        "| streams | ms/step | host us/step | local collectives ms (eager) | in a graph |", "|---|---|---|---|---|"]
     for m in report["measured"]:
+        in_graph = m.get("collectives_in_graph_ms")
         lines.append(f"| {m['streams']} | {m['step_ms']:.3f} | {m['host_us_per_step']:.1f} | "
-                     f"{m['local_collectives_ms']:.3f} |")
+                     f"{m['local_collectives_ms']:.3f} | {'-' if in_graph is None else f'{in_graph:.3f}'} |")
     lines += ["", f"## Per-rank DDTree rounds (oracle candidates, target mean accept {report['mean_accept']:g})", "",
               "| streams | budget | ms/round | mean accept | host us/round | tokens equal AR's |", "|---|---|---|---|---|---|"]
     for r in report["rounds"]:
         lines.append(f"| {r['streams']} | {r['budget']} | {r['round_ms']:.3f} | {r['mean_accept']:.2f} | "
                      f"{r['host_us_per_round']:.1f} | {'yes' if r['exact'] else 'NO'} |")
     lines += ["", "## ddtree.estimate's model of this rank (fitted on 4-layer engines: held out)", "",
-              "The model's rank forward has no collectives; the measured step and round hold the local stand-ins "
-              "and the rank-order sums (2.2-2.4 ms of an eager AR step, more rows in a round; their in-graph time "
-              "is not measured), so the comparison is not conclusive until that time is.", "",
+              "The model's rank forward has no collectives. Measured: the rank's step and round less their "
+              "collectives (the stand-in copies and rank-order sums) timed apart in a graph, where the report holds "
+              "that time; else with them, so the model should come out below by up to their time.", "",
               "| streams | budget | measured ms | model ms | model error |", "|---|---|---|---|---|"]
     for p in report["projection"]:
-        m = next(m for m in report["measured"] if m["streams"] == p["streams"])
-        lines.append(f"| {p['streams']} | AR | {m['step_ms']:.2f} | {p['model_rank_step_ms']:.2f} | "
-                     f"{p['model_rank_step_ms'] / m['step_ms'] - 1:+.1%} |")
+        lines.append(f"| {p['streams']} | AR | {p['rank_step_ms']:.2f} | {p['model_rank_step_ms']:.2f} | "
+                     f"{p['model_rank_step_ms'] / p['rank_step_ms'] - 1:+.1%} |")
         for d in p["ddtree"]:
-            measured = d["round_ms"] - d["collectives_ms"]
-            lines.append(f"| {p['streams']} | {d['budget']} | {measured:.2f} | {d['model_rank_round_ms']:.2f} | "
-                         f"{d['model_rank_round_ms'] / measured - 1:+.1%} |")
+            lines.append(f"| {p['streams']} | {d['budget']} | {d['rank_round_ms']:.2f} | "
+                         f"{d['model_rank_round_ms']:.2f} | {d['model_rank_round_ms'] / d['rank_round_ms'] - 1:+.1%} |")
     lines += ["", "## 8 x H200 projection", "",
-              "Modelled NCCL all-gathers of the runtime's design added (not measured: ddtree.estimate's latency and "
-              "NVLink bytes). AR: from the measured rank step with its local stand-ins kept (the slower end) to the "
-              "step less its eager local collectives, sums included (the faster end). DDTree: the measured rank "
-              "round, stand-ins kept, at its measured acceptance. Model: ddtree.estimate's 8 x H200 round at the "
+              "The rank's measured step and round, less their local collectives where the report holds their time "
+              "in a graph, plus the modelled NCCL all-gathers of the runtime's design (not measured: "
+              "ddtree.estimate's latency and NVLink bytes). Without that time, AR is a range from keeping the "
+              "stand-ins (the slower end) to removing their eager time, sums included (the faster end), and DDTree "
+              "keeps them. DDTree at the round's measured acceptance; model: ddtree.estimate's 8 x H200 round at the "
               "same acceptance.", "",
               "| streams | AR ms | AR tok/s | gathers ms | model AR ms | "
               + " | ".join(f"DDTree b={b} ms | tok/s | model tok/s" for b in BUDGETS) + " |",
@@ -166,7 +175,9 @@ def write_reports(out: Path, report: dict) -> None:
         cells = " | ".join(f"{d['round_ms']:.2f} | {d['tokens_per_s']:.0f} | {d['model_tokens_per_s']:.0f}"
                            for d in p["ddtree"])
         (low, high), (slow, fast) = p["ar_step_ms"], p["ar_tokens_per_s"]
-        lines.append(f"| {p['streams']} | {low:.2f}-{high:.2f} | {slow:.0f}-{fast:.0f} | "
+        ar_ms = f"{low:.2f}" if low == high else f"{low:.2f}-{high:.2f}"
+        ar_tps = f"{slow:.0f}" if low == high else f"{slow:.0f}-{fast:.0f}"
+        lines.append(f"| {p['streams']} | {ar_ms} | {ar_tps} | "
                      f"{p['ar_collectives_ms']:.3f} | {p['model_ar_step_ms']:.2f} | {cells} |")
     lines += ["", "### Step breakdown (eager step, one op at a time, ms summed over layers)", ""]
     for m in report["measured"]:

@@ -105,6 +105,13 @@ def test_one_rank_with_simulated_peers_decodes_in_graphs() -> None:
     assert all(len(r.tokens) == 8 and all(0 <= t < cfg.vocab_size for t in r.tokens) for r in results)
     name = engine.graphs()[0].name
     assert engine.replay(name, 5) > 0
+    # the stand-ins and sums of one forward, timed apart: what a real transport would replace in that step
+    assert 0 < engine.native.time_collectives(4, 5) < engine.replay(name, 5)
+    with pytest.raises(ValueError, match="rows 0"):
+        engine.native.time_collectives(0, 5)
+    whole = ddtree.Engine.random(cfg, streams=1, max_context=64)
+    with pytest.raises(ValueError, match="not split"):
+        whole.native.time_collectives(1, 5)
 
 
 @pytest.mark.parametrize("preset", ["tiny", TINY_FUSED])
