@@ -157,7 +157,7 @@ void bind_engine_surface(nanobind::class_<E>& c) {
              nb::call_guard<nb::gil_scoped_release>(),
              "Device seconds of each of n replays of the captured graph `name` on the engine's stream (CUDA events "
              "around each; the state every replay starts from is put back before it, untimed), after one untimed "
-             "warm-up replay when `warmup`. The timed replays sit in the NVTX range 'replay'.");;
+             "warm-up replay when `warmup`. The timed replays sit in the NVTX range 'replay'.");
 }
 
 }  // namespace ddtree

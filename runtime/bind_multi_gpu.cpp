@@ -104,11 +104,7 @@ void bind_multi_gpu(nb::module_& m) {
                 return to_numpy(std::move(logits), {ids.size(), static_cast<size_t>(e.dims().vocab)});
             },
             nb::arg("ids"), nb::arg("streams"), nb::arg("positions"),
-            "Eager forward of rows on every rank -> fp32 logits [rows, vocab], each rank's vocabulary slice.")
-        .def("time_decode", &MultiGpuEngine::time_decode, nb::arg("streams"), nb::arg("positions"),
-             nb::arg("iters"), nb::arg("temperature") = 1.0f, nb::arg("seed") = 1,
-             nb::call_guard<nb::gil_scoped_release>(),
-             "The slowest rank's device and host seconds per replayed decode step.");
+            "Eager forward of rows on every rank -> fp32 logits [rows, vocab], each rank's vocabulary slice.");
     bind_engine_surface(engine);
 
     nb::module_ kernels = nb::borrow<nb::module_>(m.attr("kernels"));

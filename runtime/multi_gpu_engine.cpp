@@ -15,7 +15,7 @@ namespace {
 void check_same_tokens(const std::vector<std::vector<std::vector<int32_t>>>& tokens, const char* what) {
     for (size_t r = 1; r < tokens.size(); ++r) {
         for (size_t s = 0; s < tokens[0].size(); ++s) {
-            if (tokens[r][s] != tokens[0][s]) {
+            if (s >= tokens[r].size() || tokens[r][s] != tokens[0][s]) {
                 throw std::runtime_error(std::string(what) + ": rank " + std::to_string(r) + " generated other " +
                                          "tokens than rank 0 for stream " + std::to_string(s) +
                                          " (the ranks diverged)");
@@ -31,6 +31,10 @@ MultiGpuEngine::MultiGpuEngine(const ModelDims& dims, const RopeTable& rope, int
                                const DrafterSpec* drafter)
     : devices_(devices), comms_(nccl::Library::open(nccl_library), devices), workers_(devices),
       engines_(devices.size()) {
+    workers_.set_unstick([this] {
+        broken_ = true;
+        comms_.abort();
+    });
     const int ranks = static_cast<int>(devices.size());
     ModelDims whole = dims;
     whole.shard = Shard{0, ranks};
@@ -70,6 +74,10 @@ Engine& MultiGpuEngine::rank(int r) {
 }
 
 void MultiGpuEngine::on_every_rank(const std::function<void(int, Engine&)>& job) {
+    if (broken_) {
+        throw std::runtime_error("this multi-GPU engine is unusable: a rank failed while its peers waited in a "
+                                 "collective, and its NCCL communicators were aborted; create a new engine");
+    }
     workers_.run([&](int r) { job(r, *engines_[r]); });
 }
 

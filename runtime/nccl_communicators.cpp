@@ -23,12 +23,20 @@ NcclCommunicators::NcclCommunicators(const nccl::Library& library, const std::ve
                                         std::to_string(count) + " CUDA devices)");
         }
     }
+    // process-wide (torch's NCCL in the same process sees it too), and set before any thread of ours reads it
     setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
     library_.check(library_.comm_init_all(comms_.data(), size(), devices.data()), "ncclCommInitAll");
 }
 
 NcclCommunicators::~NcclCommunicators() {
+    if (aborted_) return;  // ncclCommAbort freed them
     for (nccl::Comm comm : comms_) library_.comm_destroy(comm);  // a destructor reports nothing
+}
+
+void NcclCommunicators::abort() {
+    if (aborted_) return;
+    aborted_ = true;
+    for (nccl::Comm comm : comms_) library_.comm_abort(comm);  // best effort: the engine is unusable either way
 }
 
 }  // namespace ddtree

@@ -4,7 +4,11 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "cuda_check.h"
 #include "device_arena.h"

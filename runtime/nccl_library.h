@@ -28,10 +28,10 @@ class Library {
     void check(Result result, const char* call) const;
     // NCCL's version code, e.g. 22703 for 2.27.3.
     int version() const;
-    const std::string& path() const { return path_; }
 
     Result (*comm_init_all)(Comm* comms, int ndev, const int* devices) = nullptr;
     Result (*comm_destroy)(Comm comm) = nullptr;
+    Result (*comm_abort)(Comm comm) = nullptr;
     Result (*all_gather)(const void* send, void* receive, size_t count, DataType type, Comm comm,
                          cudaStream_t stream) = nullptr;
     Result (*all_reduce)(const void* send, void* receive, size_t count, DataType type, ReduceOp op, Comm comm,

@@ -19,6 +19,7 @@ std::string rank_list_error(int ranks) {
 
 }  // namespace
 
+// is_held_ is sized before the check of `ranks`: a negative size would throw std::length_error instead of its message
 RankSimulation::RankSimulation(int ranks, std::vector<int> held, int max_rows, int width, DeviceArena& arena)
     : ranks_(ranks), held_(std::move(held)), is_held_(ranks > 0 ? ranks : 0, false) {
     if (ranks < 1) throw std::invalid_argument("ranks must be a positive integer, got " + std::to_string(ranks));

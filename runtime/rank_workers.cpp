@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "cuda_check.h"
-#include "target_model.h"
+#include "non_finite_logits.h"
 
 namespace ddtree {
 
@@ -81,7 +81,8 @@ void RankWorkers::serve(int rank) {
         }
         lock.lock();
         errors_[rank] = error;
-        if (--pending_ == 0) finished_.notify_all();
+        failed_ = failed_ || error != nullptr;
+        if (--pending_ == 0 || error != nullptr) finished_.notify_all();
     }
 }
 
@@ -90,8 +91,15 @@ void RankWorkers::run(const std::function<void(int rank)>& job) {
     std::unique_lock<std::mutex> lock(mutex_);
     job_ = &job;
     pending_ = size();
+    failed_ = false;
     ++generation_;
     start_.notify_all();
+    finished_.wait(lock, [&] { return pending_ == 0 || failed_; });
+    if (pending_ > 0 && !finished_.wait_for(lock, kStuckAfter, [&] { return pending_ == 0; }) && unstick_) {
+        lock.unlock();
+        unstick_();
+        lock.lock();
+    }
     finished_.wait(lock, [&] { return pending_ == 0; });
     job_ = nullptr;
     int first = -1;

@@ -19,6 +19,7 @@
 #include "latent_cache.h"
 #include "model_dims.h"
 #include "nccl_collectives.h"
+#include "non_finite_logits.h"
 #include "op_timeline.h"
 #include "row_batch.h"
 
@@ -35,13 +36,6 @@ struct ForwardOutputs {
     kernels::bf16* taps = nullptr;
     // Each MoE layer's expert choices, [moe layer][row][topk], into TargetModel::routing().
     bool capture_routing = false;
-};
-
-// A generation sampled non-finite logits (from non-finite weights or config values); the message names the stream
-// and position.
-class NonFiniteLogits : public std::domain_error {
-  public:
-    using std::domain_error::domain_error;
 };
 
 class TargetModel {

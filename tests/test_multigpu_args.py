@@ -72,7 +72,7 @@ def test_library_from_the_wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 def test_no_library_says_how_to_get_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(nccl.ENV_VAR, raising=False)
     monkeypatch.setattr(nccl, "_wheel_library", lambda: None)
-    with pytest.raises(RequestError, match="pip install nvidia-nccl-cu13.*DDTREE_NCCL_LIBRARY"):
+    with pytest.raises(RequestError, match=r"ddtree\[multigpu\].*nvidia-nccl-cu13.*DDTREE_NCCL_LIBRARY"):
         nccl.nccl_library()
 
 

@@ -2,7 +2,9 @@
 
 The runtime loads NCCL itself, at run time (runtime/nccl_library.h), so that ddtree imports and runs on one GPU
 without it; this module only finds the file: the DDTREE_NCCL_LIBRARY environment variable when set, else the
-`libnccl.so.2` of the nvidia-nccl-cu13 wheel (the Python package nvidia.nccl, under its lib/ folder).
+`libnccl.so.2` of an nvidia-nccl wheel (the Python package nvidia.nccl, under its lib/ folder: the cu13 wheel
+that `pip install 'ddtree[multigpu]'` brings, or a cu12 one another package brought; the few entry points the
+runtime uses keep their ABI across NCCL 2.x).
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ def nccl_library() -> str:
         return configured
     found = _wheel_library()
     if found is None:
-        raise RequestError(f"devices: several GPUs need NCCL, and none was found: pip install {WHEEL}, or set "
-                           f"{ENV_VAR} to the path of a {LIBRARY_NAME}")
+        raise RequestError(f"devices: several GPUs need NCCL, and none was found: pip install 'ddtree[multigpu]' "
+                           f"(the {WHEEL} wheel), or set {ENV_VAR} to the path of a {LIBRARY_NAME}")
     return str(found)
 
 

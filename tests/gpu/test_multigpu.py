@@ -1,7 +1,7 @@
 """The target split over several GPUs through NCCL (runtime/multi_gpu_engine.h, nccl_collectives.h).
 
-On one GPU: the NCCL library loads, a one-rank communicator comes up, and the collectives' in-place gathers run
-inside a captured CUDA graph with the rank-order sum and pick after them. On two or more: the same exchange across
+On one GPU: the NCCL library loads, a one-rank communicator comes up, and the exchange's graph (the in-place
+gathers, which NCCL makes no-ops on one rank, then the rank-order sum and pick) captures and runs. On two or more: the same exchange across
 GPUs; a G-GPU engine's logits and tokens are bitwise the one-GPU simulation of every rank's (the same rank-order
 sums), DDTree equals AR greedy and sampled, and auto budgets agree on every rank. Skipped, with the reason, without
 an NCCL library (ddtree.nccl) or enough GPUs."""
@@ -78,7 +78,8 @@ def test_nccl_exchange_times_both_ways() -> None:
 
     library, devices = _library(), _gpus(1)
     gathered, reduced = _native.kernels.nccl_exchange_seconds(library, list(devices), 2, 4, 7168, 4, 3)
-    assert 0 < gathered < 1 and 0 < reduced < 1
+    # on one rank NCCL's in-place all-reduce is a no-op: its graph may time as nothing
+    assert 0 < gathered < 1 and 0 <= reduced < 1
 
 
 def _prompts(vocab: int, lengths: list[int], seed: int) -> list[list[int]]:
