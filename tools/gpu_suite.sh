@@ -18,7 +18,8 @@
 # node ids in sanitize_TOOL_I.txt, its junit xml beside); then one line per tool sums the sanitizer's errors and the
 # tests over the shards, and a shard's error, failed test or timeout fails the suite.
 # SUITE_DEADLINE (seconds after the start) cuts every sanitizer step's timeout so that the step ends by then, leaving
-# time to pack the reports before the device command's own limit.
+# time to pack the reports before the device command's own limit. SANITIZE_ARGS adds compute-sanitizer options to
+# every tool's run (e.g. "--kernel-name regex=6ddtree": check only the engine's kernels, not torch's).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -103,7 +104,8 @@ sanitize_suite() {
             (
                 cd /tmp || exit 1
                 t0=$(date +%s)
-                timeout -k 15 "$limit" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 86 \
+                timeout -k 15 "$limit" compute-sanitizer --tool "$tool" "${extra[@]}" ${SANITIZE_ARGS:-} \
+                    --error-exitcode 86 \
                     python3 -m pytest -q -p no:cacheprovider --junitxml="$report_dir/sanitize_${tool}_$i.xml" "${ids[@]}"
                 rc=$?
                 echo "gpu_suite: shard exit $rc after $(( $(date +%s) - t0 )) s"
