@@ -3,6 +3,7 @@ device work, so no GPU is needed."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,9 +65,16 @@ def test_library_from_the_wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     (lib / "libnccl.so.2").write_bytes(b"")
     monkeypatch.delenv(nccl.ENV_VAR, raising=False)
     monkeypatch.syspath_prepend(str(tmp_path))
-    for name in ("nvidia", "nvidia.nccl"):
-        monkeypatch.delitem(__import__("sys").modules, name, raising=False)
-    assert Path(nccl.nccl_library()).resolve() == (lib / "libnccl.so.2").resolve()
+    # the lookup imports the namespace package nvidia from tmp_path: drop it afterwards too, or a later lookup in
+    # this process would find this empty file through the cached package
+    names = ("nvidia", "nvidia.nccl")
+    saved = {name: sys.modules.pop(name) for name in names if name in sys.modules}
+    try:
+        assert Path(nccl.nccl_library()).resolve() == (lib / "libnccl.so.2").resolve()
+    finally:
+        for name in names:
+            sys.modules.pop(name, None)
+        sys.modules.update(saved)
 
 
 def test_no_library_says_how_to_get_one(monkeypatch: pytest.MonkeyPatch) -> None:
