@@ -230,7 +230,7 @@ def _parser() -> argparse.ArgumentParser:
                                       "--single replays one graph once and nothing else, for Nsight Compute.",
                           epilog="examples:\n"
                                  "  ddtree-run profile --stages\n"
-                                 "  ddtree-run profile --graph 'ar streams=1 span=128' --replays 100\n"
+                                 "  ddtree-run profile --graph 'ar streams=1 span=127' --replays 100\n"
                                  "  ncu --graph-profiling node --nvtx --nvtx-include 'replay/' ddtree-run profile "
                                  "--single --graph NAME")
     prof.add_argument("--streams", type=_positive, default=1, help="streams decoded together")
