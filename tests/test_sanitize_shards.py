@@ -5,6 +5,8 @@ the median, -k subsets; and the one summary line over the shards' logs."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +147,34 @@ def test_summary_of_racecheck_counts_errors_and_warnings() -> None:
     assert (report["errors"], report["warnings"], report["counts"]) == (10, 2, {"passed": 2})
     line, failed = shards.summary_line("racecheck", [("a.log", report)])
     assert failed and line.startswith("racecheck: 10 errors, 2 warnings over 1 shards")
+
+
+def _jsonl(path: Path, phases: list[tuple[str, str, float]]) -> Path:
+    path.write_text("".join(json.dumps({"nodeid": n, "when": w, "seconds": s, "outcome": "passed"}) + "\n"
+                            for n, w, s in phases))
+    return path
+
+
+def test_sanitizer_times_come_first_and_scale_the_plain_ones(tmp_path: Path) -> None:
+    ids = _ids(4)
+    xml = shards.junit_times([_xml(tmp_path / "plain.xml", {ids[0]: 1.0, ids[1]: 2.0, ids[2]: 4.0})])
+    older = _jsonl(tmp_path / "a.jsonl", [(ids[0], "call", 99.0)])
+    newer = _jsonl(tmp_path / "b.jsonl", [(ids[0], "setup", 5.0), (ids[0], "call", 25.0), (ids[1], "call", 20.0)])
+    measured = shards.sanitizer_times([older, newer])
+    assert measured == {ids[0]: 30.0, ids[1]: 20.0}  # phases summed, the later file's
+    # ids[2] only in the plain run: 4 s times the median slowdown of 30x and 10x; ids[3] in neither: the plain
+    # median (2 s) times it too
+    assert shards.shard_weights(ids, xml, measured) == [30.0, 20.0, 80.0, 40.0]
+    assert shards.shard_weights(ids, xml, {}) == shards.durations(ids, xml)
+
+
+def test_gpu_conftest_records_each_phase_as_it_ends(tmp_path: Path) -> None:
+    """Run without a GPU, the GPU tests skip at setup; each still leaves its line."""
+    times = tmp_path / "times.jsonl"
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          str(ROOT / "tests" / "gpu" / "test_embed.py")], capture_output=True, text=True,
+                         cwd=ROOT, env={**os.environ, "DDTREE_TEST_TIMES": str(times)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    records = [json.loads(line) for line in times.read_text().splitlines()]
+    assert records and all(r["nodeid"].startswith("tests/gpu/test_embed.py::") for r in records)
+    assert {r["when"] for r in records} <= {"setup", "call", "teardown"}

@@ -12,11 +12,13 @@
 # SANITIZE="memcheck racecheck initcheck synccheck" (any of them) runs the tests under each compute-sanitizer tool in
 # turn, in place of the plain run (PLAIN=1 runs that first too). They slow every kernel by 10-100x, so each tool runs
 # $SANITIZE_JOBS (default 8) compute-sanitizer processes at once, each over one shard of the collected node ids
-# (tools/sanitize_shards.py: balanced by the durations in the committed bench/results/gpu_tests junit xml files, or
-# $SANITIZE_TIMES), with DDTREE_SANITIZE=1 (tests/gpu/conftest.py: repetition trimmed, coverage kept) and torch's
-# caching allocator off, so that memcheck sees every allocation's bounds. Each shard logs sanitize_TOOL_I.log (its
-# node ids in sanitize_TOOL_I.txt, its junit xml beside); then one line per tool sums the sanitizer's errors and the
-# tests over the shards, and a shard's error, failed test or timeout fails the suite.
+# (tools/sanitize_shards.py: balanced by the per-test seconds of earlier sanitizer shards, the .jsonl files committed
+# in bench/results/gpu_tests, then by the junit xml files there; or by $SANITIZE_TIMES), with DDTREE_SANITIZE=1
+# (tests/gpu/conftest.py: repetition trimmed, coverage kept) and torch's caching allocator off, so that memcheck
+# sees every allocation's bounds. Each shard logs sanitize_TOOL_I.log (its node ids in sanitize_TOOL_I.txt, its
+# junit xml and its per-test seconds, sanitize_TOOL_I.times.jsonl, beside: written test by test, so a shard cut by
+# its timeout keeps them); then one line per tool sums the sanitizer's errors and the tests over the shards, and a
+# shard's error, failed test or timeout fails the suite.
 # SUITE_DEADLINE (seconds after the start) cuts every sanitizer step's timeout so that the step ends by then, leaving
 # time to pack the reports before the device command's own limit. SANITIZE_ARGS adds compute-sanitizer options to
 # every tool's run (e.g. "--kernel-name regex=6ddtree": check only the engine's kernels, not torch's).
@@ -69,8 +71,7 @@ sanitize_suite() {
     if [[ -n ${SANITIZE_TIMES:-} ]]; then
         read -ra times <<<"$SANITIZE_TIMES"
     else
-        times=(bench/results/gpu_tests/*.xml)
-        [[ -e ${times[0]} ]] || times=()
+        mapfile -t times < <(compgen -G "bench/results/gpu_tests/*.xml"; compgen -G "bench/results/gpu_tests/*.jsonl")
     fi
     shard_dir=$(mktemp -d)
     mapfile -t shards < <(python3 tools/sanitize_shards.py split --shards "$sanitize_jobs" --out-dir "$shard_dir" \
@@ -103,6 +104,8 @@ sanitize_suite() {
             ids=("${ids[@]/#/$repo/}")
             (
                 cd /tmp || exit 1
+                export DDTREE_TEST_TIMES="$report_dir/sanitize_${tool}_$i.times.jsonl"
+                rm -f "$DDTREE_TEST_TIMES"
                 t0=$(date +%s)
                 timeout -k 15 "$limit" compute-sanitizer --tool "$tool" "${extra[@]}" ${SANITIZE_ARGS:-} \
                     --error-exitcode 86 \

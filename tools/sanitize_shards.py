@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """Shards of the GPU tests for parallel compute-sanitizer processes, and the summary of their logs.
 
-    sanitize_shards.py split --shards N --out-dir DIR [--nodeids FILE] [--times XML ...]
+    sanitize_shards.py split --shards N --out-dir DIR [--nodeids FILE] [--times XML_OR_JSONL ...]
     sanitize_shards.py summary --tool TOOL LOG ...
 
 `split` reads pytest node ids (the output of `pytest --collect-only -q`: lines holding `::`, the rest ignored)
 from FILE or stdin, and writes at most N files DIR/shard_I.txt, one node id a line, balanced by the tests'
-durations in the junit xml files: where several hold a test, the one whose run began last (the testsuite's
-timestamp) wins; a test in none of them counts the median of the known ones. Each shard keeps the collection
-order, so a module's fixtures are built once per shard. It prints the shard files' paths, one a line, and a line
-per shard on stderr with its test count and estimated seconds.
+durations. Those of sanitizer runs come first: the .jsonl files that tests/gpu/conftest.py writes per shard (each
+test's phases summed; a later file wins), as a sanitizer slows tests by very different factors. A test they lack
+takes its duration in the junit xml files (where several hold it, the run that began last wins, by the
+testsuite's timestamp) times the median slowdown of the tests in both; a test in none counts the median of the
+known ones. Each shard keeps the collection order, so a module's fixtures are built once per shard. It prints the
+shard files' paths, one a line, and a line per shard on stderr with its test count and estimated seconds.
 
 `summary` reads the shards' logs (each ending in the line `gpu_suite: shard exit RC after S s` that
 tools/gpu_suite.sh appends) and prints one line: the sanitizer's errors (and racecheck's warnings) over every
@@ -20,6 +22,7 @@ summary. Its exit status is 1 if any shard did.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import statistics
 import sys
@@ -90,6 +93,30 @@ def durations(ids: list[str], times: dict[tuple[str, str], float]) -> list[float
     return [median if t is None else t for t in found]
 
 
+def sanitizer_times(jsonl_paths) -> dict[str, float]:
+    """Each node id's seconds over its phases in the .jsonl files, the later file's where several hold it."""
+    times: dict[str, float] = {}
+    for path in jsonl_paths:
+        own: dict[str, float] = {}
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                own[record["nodeid"]] = own.get(record["nodeid"], 0.0) + float(record["seconds"])
+        times.update(own)
+    return times
+
+
+def shard_weights(ids: list[str], xml_times: dict[tuple[str, str], float], measured: dict[str, float]) -> list[float]:
+    """Sanitizer seconds where measured, else the xml duration scaled by the median slowdown of the tests known
+    both ways (durations() for the rest)."""
+    plain = durations(ids, xml_times)
+    if not measured:
+        return plain
+    slowdowns = [measured[i] / p for i, p in zip(ids, plain) if i in measured and p > 0]
+    scale = statistics.median(slowdowns) if slowdowns else 1.0
+    return [measured[i] if i in measured else p * scale for i, p in zip(ids, plain)]
+
+
 def split(ids: list[str], weights: list[float], shards: int) -> list[list[str]]:
     """Longest first onto the least loaded shard; each shard then in collection order; no empty shard."""
     loads = [0.0] * max(1, min(shards, len(ids)))
@@ -107,15 +134,16 @@ def cmd_split(args: argparse.Namespace) -> int:
     if not ids:
         print("sanitize_shards: no node ids in the input", file=sys.stderr)
         return 1
-    weights = durations(ids, junit_times(args.times))
-    seconds = dict(zip(ids, weights))
+    jsonl = [t for t in args.times if t.endswith(".jsonl")]
+    cost = shard_weights(ids, junit_times([t for t in args.times if t not in jsonl]), sanitizer_times(jsonl))
+    seconds = dict(zip(ids, cost))
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for index, shard in enumerate(split(ids, weights, args.shards)):
+    for index, shard in enumerate(split(ids, cost, args.shards)):
         path = out / f"shard_{index}.txt"
         path.write_text("".join(f"{node_id}\n" for node_id in shard))
         print(path)
-        print(f"shard {index}: {len(shard)} tests, {sum(seconds[i] for i in shard):.1f} s by the xml times",
+        print(f"shard {index}: {len(shard)} tests, {sum(seconds[i] for i in shard):.1f} s by the known times",
               file=sys.stderr)
     return 0
 
@@ -180,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("split", help="write balanced shards of node ids")
     p.add_argument("--shards", type=int, required=True)
     p.add_argument("--out-dir", required=True)
-    p.add_argument("--times", nargs="*", default=[], help="junit xml files with the tests' durations")
+    p.add_argument("--times", nargs="*", default=[],
+                   help="junit xml files, and .jsonl files of sanitizer runs, with the tests' durations")
     p.add_argument("--nodeids", default="-", help="`pytest --collect-only -q` output (default: stdin)")
     p.set_defaults(run=cmd_split)
     s = sub.add_parser("summary", help="one line over the shards' logs of one tool")

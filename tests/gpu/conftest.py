@@ -4,6 +4,7 @@ the reason."""
 from __future__ import annotations
 
 import gc
+import json
 import os
 from pathlib import Path
 
@@ -99,6 +100,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.gpu)
             if _REASON is not None:
                 item.add_marker(pytest.mark.skip(reason=_REASON))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With DDTREE_TEST_TIMES set (tools/gpu_suite.sh does, per sanitizer shard), each phase's seconds of each test
+    go to that file as a JSON line as soon as the phase ends: a shard cut by its timeout still leaves the times of
+    what it ran, which tools/sanitize_shards.py balances the next shards by."""
+    path = os.environ.get("DDTREE_TEST_TIMES")
+    if path:
+        with open(path, "a") as out:
+            out.write(json.dumps({"nodeid": report.nodeid, "when": report.when, "seconds": report.duration,
+                                  "outcome": report.outcome}) + "\n")
 
 
 @pytest.fixture(autouse=True)
