@@ -45,8 +45,9 @@ double time_forward_collectives(Collectives& collectives, const ModelDims& dims,
     cudaEventDestroy(begin);
     cudaEventDestroy(end);
     destroy_graph(exec, graph);
-    std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
-    return seconds[seconds.size() / 2];
+    std::sort(seconds.begin(), seconds.end());
+    const size_t mid = seconds.size() / 2;
+    return seconds.size() % 2 == 1 ? seconds[mid] : 0.5 * (seconds[mid - 1] + seconds[mid]);
 }
 
 }  // namespace ddtree

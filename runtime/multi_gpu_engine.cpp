@@ -31,10 +31,6 @@ MultiGpuEngine::MultiGpuEngine(const ModelDims& dims, const RopeTable& rope, int
                                const DrafterSpec* drafter)
     : devices_(devices), comms_(nccl::Library::open(nccl_library), devices), workers_(devices),
       engines_(devices.size()) {
-    workers_.set_unstick([this] {
-        broken_ = true;
-        comms_.abort();
-    });
     const int ranks = static_cast<int>(devices.size());
     ModelDims whole = dims;
     whole.shard = Shard{0, ranks};
@@ -45,24 +41,30 @@ MultiGpuEngine::MultiGpuEngine(const ModelDims& dims, const RopeTable& rope, int
         for (DrafterSpec& s : specs) s.dims.own_lm_head = ranks > 1;
     }
     try {
-        workers_.run([&](int r) {
-            ModelDims d = dims;
-            d.shard = Shard{r, ranks};
-            const NcclRank self = comms_.rank(r);
-            engines_[r] = std::make_unique<Engine>(d, rope, streams, max_context, max_budget, devices[r],
-                                                   drafter != nullptr ? &specs[r] : nullptr, false,
-                                                   ranks > 1 ? &self : nullptr);
-        });
+        workers_.run(
+            [&](int r) {
+                ModelDims d = dims;
+                d.shard = Shard{r, ranks};
+                const NcclRank self = comms_.rank(r);
+                engines_[r] = std::make_unique<Engine>(d, rope, streams, max_context, max_budget, devices[r],
+                                                       drafter != nullptr ? &specs[r] : nullptr, false,
+                                                       ranks > 1 ? &self : nullptr);
+            },
+            false);  // no collective in an engine's creation
     } catch (...) {
-        workers_.run([&](int r) { engines_[r].reset(); });  // each freed on its own device
+        workers_.run([&](int r) { engines_[r].reset(); }, false);  // each freed on its own device
         throw;
     }
 }
 
 MultiGpuEngine::~MultiGpuEngine() {
     try {
-        workers_.run([&](int r) { engines_[r].reset(); });
+        workers_.run([&](int r) { engines_[r].reset(); }, false);  // each freed on its own device and thread
     } catch (...) {  // a destructor reports nothing; what is left goes with the process's contexts
+    }
+    if (workers_.abandoned()) {  // ranks blocked in a collective for good: leave their engines and communicators
+        for (auto& e : engines_) static_cast<void>(e.release());
+        comms_.abandon();
     }
 }
 
@@ -73,23 +75,21 @@ Engine& MultiGpuEngine::rank(int r) {
     return *engines_[r];
 }
 
-void MultiGpuEngine::on_every_rank(const std::function<void(int, Engine&)>& job) {
-    if (broken_) {
-        throw std::runtime_error("this multi-GPU engine is unusable: a rank failed while its peers waited in a "
-                                 "collective, and its NCCL communicators were aborted; create a new engine");
-    }
-    workers_.run([&](int r) { job(r, *engines_[r]); });
+void MultiGpuEngine::on_every_rank(const std::function<void(int, Engine&)>& job, bool collectives) {
+    workers_.run([&](int r) { job(r, *engines_[r]); }, collectives);
 }
 
 void MultiGpuEngine::randomize_weights(uint64_t seed) {
-    on_every_rank([&](int r, Engine& e) { e.weights(r).randomize(seed + r); });
-    on_every_rank([&](int r, Engine& e) {
-        if (r > 0) e.weights(r).copy_replicated_from(engines_[0]->weights(0));
-    });
+    on_every_rank([&](int r, Engine& e) { e.weights(r).randomize(seed + r); }, false);
+    on_every_rank(
+        [&](int r, Engine& e) {
+            if (r > 0) e.weights(r).copy_replicated_from(engines_[0]->weights(0));
+        },
+        false);
 }
 
 void MultiGpuEngine::randomize_drafter(uint64_t seed) {
-    on_every_rank([&](int, Engine& e) { e.drafter_weights().randomize(seed); });
+    on_every_rank([&](int, Engine& e) { e.drafter_weights().randomize(seed); }, false);
 }
 
 Generation MultiGpuEngine::generate(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,

@@ -7,7 +7,6 @@
 // round times, which every rank measures and then replaces by one agreed table before the generation.
 // Results are rank 0's, after checking that every rank generated the same tokens (and budgets).
 #pragma once
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -36,9 +35,9 @@ class MultiGpuEngine {
     const std::vector<int>& devices() const { return devices_; }
     // Rank r's engine (std::invalid_argument naming `rank` outside 0..ranks-1): weight uploads, properties.
     Engine& rank(int r);
-    // job(rank, rank's engine) on every rank's thread at once (RankWorkers::run); std::runtime_error once a rank
-    // has failed while its peers waited in a collective (the communicators are then aborted: make a new engine).
-    void on_every_rank(const std::function<void(int, Engine&)>& job);
+    // job(rank, rank's engine) on every rank's thread at once (RankWorkers::run: a rank failing between collectives,
+    // or ranks diverging, leaves the others waiting for good; it then throws, and every later call does).
+    void on_every_rank(const std::function<void(int, Engine&)>& job, bool collectives = true);
 
     // Random weights: rank r's split tensors drawn with seed + r (as the one-GPU simulation of every rank draws
     // them), its replicated tensors rank 0's, so the G GPUs compute the simulation's model.
@@ -64,7 +63,6 @@ class MultiGpuEngine {
     std::vector<int> devices_;
     NcclCommunicators comms_;  // outlives the engines, whose graphs hold NCCL work on it
     RankWorkers workers_;
-    std::atomic<bool> broken_{false};  // a rank failed with its peers in a collective: communicators aborted
     std::vector<std::unique_ptr<Engine>> engines_;
 };
 

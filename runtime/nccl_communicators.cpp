@@ -29,14 +29,8 @@ NcclCommunicators::NcclCommunicators(const nccl::Library& library, const std::ve
 }
 
 NcclCommunicators::~NcclCommunicators() {
-    if (aborted_) return;  // ncclCommAbort freed them
+    if (abandoned_) return;
     for (nccl::Comm comm : comms_) library_.comm_destroy(comm);  // a destructor reports nothing
-}
-
-void NcclCommunicators::abort() {
-    if (aborted_) return;
-    aborted_ = true;
-    for (nccl::Comm comm : comms_) library_.comm_abort(comm);  // best effort: the engine is unusable either way
 }
 
 }  // namespace ddtree

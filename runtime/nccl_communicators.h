@@ -20,14 +20,14 @@ class NcclCommunicators {
 
     int size() const { return static_cast<int>(comms_.size()); }
     NcclRank rank(int r) const { return NcclRank{&library_, comms_.at(r), r, size()}; }
-    // ncclCommAbort on every communicator, from any thread: the ranks still waiting in a collective for a peer
-    // that failed get an error instead of waiting forever. The communicators are gone afterwards.
-    void abort();
+    // Leaves the communicators to the process's exit: ranks blocked in them for good (RankWorkers::abandoned)
+    // would make ncclCommDestroy wait forever.
+    void abandon() { abandoned_ = true; }
 
   private:
     const nccl::Library& library_;
     std::vector<nccl::Comm> comms_;
-    bool aborted_ = false;
+    bool abandoned_ = false;
 };
 
 }  // namespace ddtree

@@ -38,7 +38,6 @@ Library::Library(std::string path) : path_(std::move(path)) {
     }
     resolve(handle, path_, "ncclCommInitAll", comm_init_all);
     resolve(handle, path_, "ncclCommDestroy", comm_destroy);
-    resolve(handle, path_, "ncclCommAbort", comm_abort);
     resolve(handle, path_, "ncclAllGather", all_gather);
     resolve(handle, path_, "ncclAllReduce", all_reduce);
     resolve(handle, path_, "ncclGetVersion", get_version);

@@ -31,7 +31,6 @@ class Library {
 
     Result (*comm_init_all)(Comm* comms, int ndev, const int* devices) = nullptr;
     Result (*comm_destroy)(Comm comm) = nullptr;
-    Result (*comm_abort)(Comm comm) = nullptr;
     Result (*all_gather)(const void* send, void* receive, size_t count, DataType type, Comm comm,
                          cudaStream_t stream) = nullptr;
     Result (*all_reduce)(const void* send, void* receive, size_t count, DataType type, ReduceOp op, Comm comm,

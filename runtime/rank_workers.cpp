@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -42,7 +43,8 @@ std::string message(const std::exception_ptr& error) {
 
 }  // namespace
 
-RankWorkers::RankWorkers(std::vector<int> devices) : devices_(std::move(devices)), errors_(devices_.size()) {
+RankWorkers::RankWorkers(std::vector<int> devices)
+    : devices_(std::move(devices)), errors_(devices_.size()), finished_ranks_(devices_.size(), false) {
     threads_.reserve(devices_.size());
     for (int r = 0; r < size(); ++r) threads_.emplace_back([this, r] { serve(r); });
 }
@@ -53,7 +55,13 @@ RankWorkers::~RankWorkers() {
         stop_ = true;
     }
     start_.notify_all();
-    for (std::thread& t : threads_) t.join();
+    for (std::thread& t : threads_) {
+        if (abandoned_) {
+            t.detach();  // some are blocked in NCCL for good; the process's exit ends them
+        } else {
+            t.join();
+        }
+    }
 }
 
 void RankWorkers::serve(int rank) {
@@ -81,26 +89,43 @@ void RankWorkers::serve(int rank) {
         }
         lock.lock();
         errors_[rank] = error;
-        failed_ = failed_ || error != nullptr;
-        if (--pending_ == 0 || error != nullptr) finished_.notify_all();
+        finished_ranks_[rank] = true;
+        --pending_;
+        finished_.notify_all();
     }
 }
 
-void RankWorkers::run(const std::function<void(int rank)>& job) {
+void RankWorkers::run(const std::function<void(int rank)>& job, bool collectives) {
     const std::lock_guard<std::mutex> one_run(run_mutex_);  // one job at a time, whatever the callers' threads
     std::unique_lock<std::mutex> lock(mutex_);
+    if (abandoned_) {
+        throw std::runtime_error("this multi-GPU engine cannot run: ranks of an earlier call are still waiting in a "
+                                 "collective; exit the process to free them");
+    }
     job_ = &job;
     pending_ = size();
-    failed_ = false;
+    std::fill(finished_ranks_.begin(), finished_ranks_.end(), false);
     ++generation_;
     start_.notify_all();
-    finished_.wait(lock, [&] { return pending_ == 0 || failed_; });
-    if (pending_ > 0 && !finished_.wait_for(lock, kStuckAfter, [&] { return pending_ == 0; }) && unstick_) {
-        lock.unlock();
-        unstick_();
-        lock.lock();
+    finished_.wait(lock, [&] { return pending_ < size(); });
+    if (!collectives) finished_.wait(lock, [&] { return pending_ == 0; });
+    if (!finished_.wait_for(lock, kStuckAfter, [&] { return pending_ == 0; })) {
+        abandoned_ = true;  // the waiting threads keep `job`'s references; they are never woken
+        std::string waiting;
+        for (int r = 0; r < size(); ++r) {
+            if (!finished_ranks_[r]) waiting += (waiting.empty() ? "" : ", ") + std::to_string(r);
+        }
+        std::string cause = "the ranks diverged";
+        for (int r = 0; r < size(); ++r) {
+            if (errors_[r]) {
+                cause = "rank " + std::to_string(r) + " failed: " + message(errors_[r]);
+                break;
+            }
+        }
+        throw std::runtime_error(cause + "; rank(s) " + waiting + " still wait in a collective " +
+                                 std::to_string(kStuckAfter.count()) + " s later, and nothing frees them: exit the "
+                                 "process (this engine refuses every further call)");
     }
-    finished_.wait(lock, [&] { return pending_ == 0; });
     job_ = nullptr;
     int first = -1;
     bool alike = true;

@@ -27,14 +27,18 @@ class RankWorkers {
     // message from every rank (a refused request: each rank checks it alike) is rethrown as it is; otherwise the
     // lowest failing rank's, its rank named. Either keeps the exception's kind (std::invalid_argument, CudaError,
     // NonFiniteLogits, else std::runtime_error).
-    // A rank that fails between collectives leaves its peers waiting in NCCL for it: when some rank has failed
-    // and others are still running `kStuckAfter` later, run() calls the unstick hook once (the multi-GPU engine
-    // aborts its communicators there, so the waiting ranks fail too) and goes on waiting for them.
-    void run(const std::function<void(int rank)>& job);
-    void set_unstick(std::function<void()> unstick) { unstick_ = std::move(unstick); }
+    // A rank that fails between collectives (or ranks that diverge) leaves its peers waiting in NCCL for good, and
+    // nothing frees them: ncclCommAbort waits for the graphs holding the communicator to be destroyed, and those
+    // ranks' threads are inside them. So when some rank has finished and others are still running `kStuckAfter`
+    // later, run() gives them up: it throws, naming the ranks left waiting and saying that the process must exit
+    // to free them, and every later run() refuses (abandoned()). A job without collectives (`collectives` false:
+    // creating engines, drawing weights) is waited for however long its ranks take.
+    void run(const std::function<void(int rank)>& job, bool collectives = true);
+    bool abandoned() const { return abandoned_; }
 
-    // Refusals fail every rank within microseconds of each other; a failure that leaves peers in a collective
-    // leaves them there for good, so any wait of seconds tells the two apart.
+    // The ranks of one job do the same work in lockstep (their collectives pair them up), so they finish within a
+    // forward of each other; a rank still running seconds after another finished is waiting for a peer that will
+    // not come.
     static constexpr std::chrono::seconds kStuckAfter{10};
 
   private:
@@ -47,10 +51,10 @@ class RankWorkers {
     const std::function<void(int)>* job_ = nullptr;
     uint64_t generation_ = 0;  // bumped by every run: a thread runs each generation's job once
     int pending_ = 0;
-    bool failed_ = false;  // some rank's job of this run threw
     bool stop_ = false;
-    std::function<void()> unstick_;
+    bool abandoned_ = false;  // ranks left waiting in a collective: their threads are never joined
     std::vector<std::exception_ptr> errors_;
+    std::vector<bool> finished_ranks_;  // this run's ranks that returned or threw
     std::vector<std::thread> threads_;
 };
 

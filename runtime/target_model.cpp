@@ -359,6 +359,9 @@ void TargetModel::sample(const RowBatch& rows, int n_logits) {
 
 double TargetModel::time_collectives(int rows, int iters) {
     if (!collectives_) throw std::invalid_argument("time_collectives: the target is not split over ranks");
+    if (dynamic_cast<NcclCollectives*>(collectives_.get()) != nullptr) {  // its peers would never join the replays
+        throw std::invalid_argument("time_collectives: a rank with real peers cannot time its collectives alone");
+    }
     if (rows < 1 || rows > max_rows_ || iters < 1) {
         throw std::invalid_argument("time_collectives: rows " + std::to_string(rows) + " (1.." +
                                     std::to_string(max_rows_) + "), iters " + std::to_string(iters) + " (>= 1)");

@@ -85,8 +85,9 @@ class TargetModel {
     // After a generation of `streams` streams (synchronises the stream): throws NonFiniteLogits naming the lowest
     // stream that sampled a NaN or infinite logit since clear_nonfinite(), and its first such position.
     void check_finite(int streams) const;
-    // A split target's collectives of one forward over `rows` rows, timed apart (collective_timing.h): median
-    // device seconds over `iters` replays (std::invalid_argument for a whole model or rows outside 1..max_rows).
+    // A simulated rank's collectives of one forward over `rows` rows, timed apart (collective_timing.h): median
+    // device seconds over `iters` replays (std::invalid_argument for a whole model, a rank with real NCCL peers,
+    // or rows outside 1..max_rows). Overwrites the forward's scratch and the collective slots, as a forward does.
     double time_collectives(int rows, int iters);
 
   private:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -149,32 +149,44 @@ def test_summary_of_racecheck_counts_errors_and_warnings() -> None:
     assert failed and line.startswith("racecheck: 10 errors, 2 warnings over 1 shards")
 
 
-def _jsonl(path: Path, phases: list[tuple[str, str, float]]) -> Path:
-    path.write_text("".join(json.dumps({"nodeid": n, "when": w, "seconds": s, "outcome": "passed"}) + "\n"
-                            for n, w, s in phases))
+def _jsonl(path: Path, phases: list[tuple[str, str, float]], at: float = 0.0) -> Path:
+    path.write_text("".join(json.dumps({"nodeid": n, "when": w, "seconds": s, "outcome": "passed", "tool": "memcheck",
+                                        "at": at + k}) + "\n" for k, (n, w, s) in enumerate(phases)))
     return path
 
 
 def test_sanitizer_times_come_first_and_scale_the_plain_ones(tmp_path: Path) -> None:
     ids = _ids(4)
     xml = shards.junit_times([_xml(tmp_path / "plain.xml", {ids[0]: 1.0, ids[1]: 2.0, ids[2]: 4.0})])
-    older = _jsonl(tmp_path / "a.jsonl", [(ids[0], "call", 99.0)])
-    newer = _jsonl(tmp_path / "b.jsonl", [(ids[0], "setup", 5.0), (ids[0], "call", 25.0), (ids[1], "call", 20.0)])
-    measured = shards.sanitizer_times([older, newer])
-    assert measured == {ids[0]: 30.0, ids[1]: 20.0}  # phases summed, the later file's
+    newer = _jsonl(tmp_path / "b.jsonl", [(ids[0], "setup", 5.0), (ids[0], "call", 25.0), (ids[0], "teardown", 0.0),
+                                          (ids[1], "call", 20.0), (ids[1], "teardown", 0.0)], at=100.0)
+    older = _jsonl(tmp_path / "a.jsonl", [(ids[0], "call", 99.0), (ids[0], "teardown", 0.0)])
+    measured = shards.sanitizer_times([newer, older])
+    assert measured == {ids[0]: 30.0, ids[1]: 20.0}  # phases summed, the run that ended it last
     # ids[2] only in the plain run: 4 s times the median slowdown of 30x and 10x; ids[3] in neither: the plain
     # median (2 s) times it too
     assert shards.shard_weights(ids, xml, measured) == [30.0, 20.0, 80.0, 40.0]
     assert shards.shard_weights(ids, xml, {}) == shards.durations(ids, xml)
 
 
-def test_gpu_conftest_records_each_phase_as_it_ends(tmp_path: Path) -> None:
-    """Run without a GPU, the GPU tests skip at setup; each still leaves its line."""
+def test_gpu_conftest_records_each_phase_as_it_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "gpu"))
+    spec = importlib.util.spec_from_file_location("gpu_conftest", ROOT / "tests" / "gpu" / "conftest.py")
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
     times = tmp_path / "times.jsonl"
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          str(ROOT / "tests" / "gpu" / "test_embed.py")], capture_output=True, text=True,
-                         cwd=ROOT, env={**os.environ, "DDTREE_TEST_TIMES": str(times)})
-    assert out.returncode == 0, out.stdout + out.stderr
-    records = [json.loads(line) for line in times.read_text().splitlines()]
-    assert records and all(r["nodeid"].startswith("tests/gpu/test_embed.py::") for r in records)
-    assert {r["when"] for r in records} <= {"setup", "call", "teardown"}
+    monkeypatch.setenv("DDTREE_TEST_TIMES", str(times))
+    monkeypatch.setenv("DDTREE_SANITIZE_TOOL", "racecheck")
+    node = "tests/gpu/test_a.py::test_b[1]"
+    for when, seconds in (("setup", 0.5), ("call", 2.0), ("teardown", 0.25)):
+        conftest.pytest_runtest_logreport(SimpleNamespace(nodeid=node, when=when, duration=seconds, outcome="passed"))
+        assert len(times.read_text().splitlines()) == ("setup", "call", "teardown").index(when) + 1  # at once
+    assert shards.sanitizer_times([times], "racecheck") == {node: 2.75}
+    assert shards.sanitizer_times([times], "memcheck") == {}
+
+
+def test_a_test_cut_before_its_teardown_does_not_count(tmp_path: Path) -> None:
+    ids = _ids(2)
+    cut = _jsonl(tmp_path / "cut.jsonl", [(ids[0], "setup", 0.1), (ids[0], "call", 3.0), (ids[0], "teardown", 0.1),
+                                          (ids[1], "setup", 0.2)])  # ids[1] running when the timeout came
+    assert shards.sanitizer_times([cut]) == {ids[0]: 3.2}

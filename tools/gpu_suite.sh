@@ -73,13 +73,6 @@ sanitize_suite() {
     else
         mapfile -t times < <(compgen -G "bench/results/gpu_tests/*.xml"; compgen -G "bench/results/gpu_tests/*.jsonl")
     fi
-    shard_dir=$(mktemp -d)
-    mapfile -t shards < <(python3 tools/sanitize_shards.py split --shards "$sanitize_jobs" --out-dir "$shard_dir" \
-        --nodeids "$report_dir/sanitize_collect.log" --times ${times[@]+"${times[@]}"} 2>"$report_dir/sanitize_shards.log")
-    if (( ${#shards[@]} == 0 )); then
-        echo "sanitize: no shards; see sanitize_shards.log and sanitize_collect.log"; cat "$report_dir/sanitize_shards.log"
-        return 1
-    fi
     for tool in $SANITIZE; do
         case $tool in
             memcheck) extra=(--leak-check no) ;;
@@ -87,6 +80,15 @@ sanitize_suite() {
             initcheck | synccheck) extra=() ;;
             *) echo "SANITIZE: unknown tool $tool (memcheck, racecheck, initcheck, synccheck)"; ok=1; continue ;;
         esac
+        # shards per tool: each tool slows the tests by its own factors (sanitize_shards.py --tool)
+        shard_dir=$(mktemp -d)
+        mapfile -t shards < <(python3 tools/sanitize_shards.py split --shards "$sanitize_jobs" --out-dir "$shard_dir" \
+            --tool "$tool" --nodeids "$report_dir/sanitize_collect.log" --times ${times[@]+"${times[@]}"} \
+            2>"$report_dir/sanitize_shards_$tool.log")
+        if (( ${#shards[@]} == 0 )); then
+            echo "$tool: no shards; see sanitize_shards_$tool.log and sanitize_collect.log"
+            cat "$report_dir/sanitize_shards_$tool.log"; ok=1; continue
+        fi
         limit=$step_timeout
         if [[ -n ${SUITE_DEADLINE:-} ]]; then
             (( SUITE_DEADLINE - ($(date +%s) - start) < limit )) && limit=$(( SUITE_DEADLINE - ($(date +%s) - start) ))
@@ -104,7 +106,7 @@ sanitize_suite() {
             ids=("${ids[@]/#/$repo/}")
             (
                 cd /tmp || exit 1
-                export DDTREE_TEST_TIMES="$report_dir/sanitize_${tool}_$i.times.jsonl"
+                export DDTREE_TEST_TIMES="$report_dir/sanitize_${tool}_$i.times.jsonl" DDTREE_SANITIZE_TOOL=$tool
                 rm -f "$DDTREE_TEST_TIMES"
                 t0=$(date +%s)
                 timeout -k 15 "$limit" compute-sanitizer --tool "$tool" "${extra[@]}" ${SANITIZE_ARGS:-} \

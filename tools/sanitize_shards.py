@@ -7,7 +7,8 @@
 `split` reads pytest node ids (the output of `pytest --collect-only -q`: lines holding `::`, the rest ignored)
 from FILE or stdin, and writes at most N files DIR/shard_I.txt, one node id a line, balanced by the tests'
 durations. Those of sanitizer runs come first: the .jsonl files that tests/gpu/conftest.py writes per shard (each
-test's phases summed; a later file wins), as a sanitizer slows tests by very different factors. A test they lack
+test's phases summed, the latest run that finished it; with --tool, that tool's runs only), as a sanitizer slows
+tests by very different factors. A test they lack
 takes its duration in the junit xml files (where several hold it, the run that began last wins, by the
 testsuite's timestamp) times the median slowdown of the tests in both; a test in none counts the median of the
 known ones. Each shard keeps the collection order, so a module's fixtures are built once per shard. It prints the
@@ -75,8 +76,17 @@ def junit_times(xml_paths) -> dict[tuple[str, str], float]:
 
 
 def durations(ids: list[str], times: dict[tuple[str, str], float]) -> list[float]:
-    """Each node id's duration: its own, matched also where one classname ends the other (node ids relative to
-    another root), else the median of the known ones (1 s when none is known)."""
+    """Each node id's duration: its own (known_durations), else the median of the known ones (1 s when none is
+    known)."""
+    found = known_durations(ids, times)
+    known = [t for t in found if t is not None]
+    median = statistics.median(known) if known else 1.0
+    return [median if t is None else t for t in found]
+
+
+def known_durations(ids: list[str], times: dict[tuple[str, str], float]) -> list[float | None]:
+    """Each node id's duration in `times`, matched also where one classname ends the other (node ids relative to
+    another root); None where it has none."""
     by_name: dict[str, list[tuple[str, float]]] = {}
     for (classname, name), t in times.items():
         by_name.setdefault(name, []).append((classname, t))
@@ -88,22 +98,30 @@ def durations(ids: list[str], times: dict[tuple[str, str], float]) -> list[float
             t = next((t for c, t in by_name.get(name, ())
                       if c.endswith("." + classname) or classname.endswith("." + c)), None)
         found.append(t)
-    known = [t for t in found if t is not None]
-    median = statistics.median(known) if known else 1.0
-    return [median if t is None else t for t in found]
+    return found
 
 
-def sanitizer_times(jsonl_paths) -> dict[str, float]:
-    """Each node id's seconds over its phases in the .jsonl files, the later file's where several hold it."""
-    times: dict[str, float] = {}
+def sanitizer_times(jsonl_paths, tool: str | None = None) -> dict[str, float]:
+    """Each node id's seconds over its phases in the .jsonl files (of `tool`'s runs only, when given), from the
+    run that ended it last. Only tests whose teardown was recorded count: the one a timeout cut has its setup
+    alone, which would make the slowest test look free."""
+    phases: dict[tuple[str, str], float] = {}  # (node id, file) -> seconds of the phases seen so far
+    ended: dict[str, tuple[float, float]] = {}  # node id -> (teardown time, seconds), the latest
     for path in jsonl_paths:
-        own: dict[str, float] = {}
         for line in Path(path).read_text().splitlines():
-            if line.strip():
-                record = json.loads(line)
-                own[record["nodeid"]] = own.get(record["nodeid"], 0.0) + float(record["seconds"])
-        times.update(own)
-    return times
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if tool is not None and record.get("tool") != tool:
+                continue
+            node, at = record["nodeid"], float(record.get("at", 0.0))
+            key = (node, str(path))
+            phases[key] = phases.get(key, 0.0) + float(record["seconds"])
+            if record["when"] == "teardown":
+                seconds = phases.pop(key)
+                if at >= ended.get(node, (-1.0, 0.0))[0]:
+                    ended[node] = (at, seconds)
+    return {node: seconds for node, (_, seconds) in ended.items()}
 
 
 def shard_weights(ids: list[str], xml_times: dict[tuple[str, str], float], measured: dict[str, float]) -> list[float]:
@@ -112,7 +130,8 @@ def shard_weights(ids: list[str], xml_times: dict[tuple[str, str], float], measu
     plain = durations(ids, xml_times)
     if not measured:
         return plain
-    slowdowns = [measured[i] / p for i, p in zip(ids, plain) if i in measured and p > 0]
+    slowdowns = [measured[i] / p for i, p in zip(ids, known_durations(ids, xml_times))
+                 if i in measured and p is not None and p > 0]
     scale = statistics.median(slowdowns) if slowdowns else 1.0
     return [measured[i] if i in measured else p * scale for i, p in zip(ids, plain)]
 
@@ -135,7 +154,8 @@ def cmd_split(args: argparse.Namespace) -> int:
         print("sanitize_shards: no node ids in the input", file=sys.stderr)
         return 1
     jsonl = [t for t in args.times if t.endswith(".jsonl")]
-    cost = shard_weights(ids, junit_times([t for t in args.times if t not in jsonl]), sanitizer_times(jsonl))
+    cost = shard_weights(ids, junit_times([t for t in args.times if t not in jsonl]),
+                         sanitizer_times(jsonl, args.tool))
     seconds = dict(zip(ids, cost))
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -211,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--times", nargs="*", default=[],
                    help="junit xml files, and .jsonl files of sanitizer runs, with the tests' durations")
     p.add_argument("--nodeids", default="-", help="`pytest --collect-only -q` output (default: stdin)")
+    p.add_argument("--tool", default=None, help="use only this sanitizer tool's .jsonl times")
     p.set_defaults(run=cmd_split)
     s = sub.add_parser("summary", help="one line over the shards' logs of one tool")
     s.add_argument("--tool", required=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -110,7 +111,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if path:
         with open(path, "a") as out:
             out.write(json.dumps({"nodeid": report.nodeid, "when": report.when, "seconds": report.duration,
-                                  "outcome": report.outcome}) + "\n")
+                                  "outcome": report.outcome, "tool": os.environ.get("DDTREE_SANITIZE_TOOL", ""),
+                                  "at": time.time()}) + "\n")
 
 
 @pytest.fixture(autouse=True)
