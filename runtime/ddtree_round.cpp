@@ -608,8 +608,7 @@ double DdtreeRound::time_round(const RoundKey& key) {
     const cudaGraphExec_t exec = graphs_.get(key, model_.stream(), [&] { record_round(key, nullptr); });
     std::vector<double> seconds;
     replay_key(key, exec, 3, true, &seconds);
-    std::sort(seconds.begin(), seconds.end());
-    return seconds[seconds.size() / 2];
+    return median(std::move(seconds));
 }
 
 bool DdtreeRound::replay(const std::string& name, int n, bool warmup, std::vector<double>* seconds) {

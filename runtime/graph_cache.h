@@ -18,6 +18,21 @@ namespace ddtree {
 cudaGraphExec_t capture_graph(cudaStream_t stream, const std::function<void()>& record, cudaGraph_t* graph);
 void destroy_graph(cudaGraphExec_t exec, cudaGraph_t graph);
 
+// One graph captured for a scope (run or timed once, outside any cache) and destroyed with it.
+class ScopedGraph {
+  public:
+    ScopedGraph(cudaStream_t stream, const std::function<void()>& record)
+        : exec_(capture_graph(stream, record, &graph_)) {}
+    ~ScopedGraph() { destroy_graph(exec_, graph_); }
+    ScopedGraph(const ScopedGraph&) = delete;
+    ScopedGraph& operator=(const ScopedGraph&) = delete;
+    cudaGraphExec_t exec() const { return exec_; }
+
+  private:
+    cudaGraph_t graph_ = nullptr;  // before exec_: capture_graph fills it while exec_ is initialised
+    cudaGraphExec_t exec_;
+};
+
 constexpr size_t kGraphCacheCapacity = 32;
 
 template <typename Key>

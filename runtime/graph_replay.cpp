@@ -1,5 +1,6 @@
 #include "graph_replay.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "cuda_check.h"
@@ -18,7 +19,7 @@ SavedState::SavedState(std::vector<std::pair<void*, size_t>> arrays, cudaStream_
     : arrays_(std::move(arrays)), stream_(stream) {
     size_t bytes = 0;
     for (const auto& [data, size] : arrays_) bytes += size;
-    CUDA_CHECK(cudaMalloc(&saved_, bytes));
+    if (bytes > 0) CUDA_CHECK(cudaMalloc(&saved_, bytes));  // none: a graph whose starting state does not matter
     size_t at = 0;
     for (const auto& [data, size] : arrays_) {
         const cudaError_t copied = cudaMemcpyAsync(saved_ + at, data, size, cudaMemcpyDeviceToDevice, stream_);
@@ -93,6 +94,12 @@ std::vector<double> time_replays(cudaGraphExec_t exec, cudaStream_t stream, int 
         seconds[i] = ms * 1e-3;
     }
     return seconds;
+}
+
+double median(std::vector<double> seconds) {
+    std::sort(seconds.begin(), seconds.end());
+    const size_t mid = seconds.size() / 2;
+    return seconds.size() % 2 == 1 ? seconds[mid] : 0.5 * (seconds[mid - 1] + seconds[mid]);
 }
 
 }  // namespace ddtree

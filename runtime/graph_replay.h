@@ -68,4 +68,7 @@ constexpr int kMaxReplays = 10000;
 std::vector<double> time_replays(cudaGraphExec_t exec, cudaStream_t stream, int n, bool warmup,
                                  const SavedState& state);
 
+// The median of `seconds` (the mean of the middle two for an even count); seconds is not empty.
+double median(std::vector<double> seconds);
+
 }  // namespace ddtree

@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -12,6 +11,8 @@
 
 #include "cuda_check.h"
 #include "device_arena.h"
+#include "graph_cache.h"
+#include "graph_replay.h"
 #include "nccl_collectives.h"
 #include "nccl_communicators.h"
 #include "rank_workers.h"
@@ -43,23 +44,6 @@ struct RankSetup {
     RankSetup(const RankSetup&) = delete;
     RankSetup& operator=(const RankSetup&) = delete;
 };
-
-// The graph of `record` on `stream`, instantiated; the caller destroys both.
-std::pair<cudaGraph_t, cudaGraphExec_t> capture(cudaStream_t stream, const std::function<void()>& record) {
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-    try {
-        record();
-    } catch (...) {
-        cudaStreamEndCapture(stream, &graph);
-        if (graph != nullptr) cudaGraphDestroy(graph);
-        throw;
-    }
-    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    return {graph, exec};
-}
 
 void check_sizes(int ranks, int terms, int rows, int width) {
     if (terms < 1 || terms > CollectiveSlots::kMaxTerms || rows < 1 || width < 1) {
@@ -95,24 +79,17 @@ NcclExchangeResult nccl_exchange_check(const std::string& library, const std::ve
                                    cudaMemcpyHostToDevice, s.stream));
         CUDA_CHECK(cudaMemcpyAsync(s.collectives->candidate_slot(r, rows), candidates[r].data(),
                                    rows * sizeof(k::RankCandidate), cudaMemcpyHostToDevice, s.stream));
-        const auto [graph, exec] = capture(s.stream, [&] {
+        const ScopedGraph graph(s.stream, [&] {
             s.collectives->sum_partials(terms, rows, width, s.out, s.stream);
             s.collectives->pick(rows, s.tokens, s.stream);
         });
-        cudaError_t launched = cudaGraphLaunch(exec, s.stream);
         out.sums[r].resize(static_cast<size_t>(rows) * width);
         out.tokens[r].resize(rows);
-        if (launched == cudaSuccess) {
-            launched = cudaMemcpyAsync(out.sums[r].data(), s.out, out.sums[r].size() * 2, cudaMemcpyDeviceToHost,
-                                       s.stream);
-        }
-        if (launched == cudaSuccess) {
-            launched = cudaMemcpyAsync(out.tokens[r].data(), s.tokens, rows * 4, cudaMemcpyDeviceToHost, s.stream);
-        }
-        if (launched == cudaSuccess) launched = cudaStreamSynchronize(s.stream);
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
-        CUDA_CHECK(launched);
+        CUDA_CHECK(cudaGraphLaunch(graph.exec(), s.stream));
+        CUDA_CHECK(cudaMemcpyAsync(out.sums[r].data(), s.out, out.sums[r].size() * 2, cudaMemcpyDeviceToHost,
+                                   s.stream));
+        CUDA_CHECK(cudaMemcpyAsync(out.tokens[r].data(), s.tokens, rows * 4, cudaMemcpyDeviceToHost, s.stream));
+        CUDA_CHECK(cudaStreamSynchronize(s.stream));
     });
     return out;
 }
@@ -133,40 +110,20 @@ std::pair<double, double> time_nccl_exchange(const std::string& library, const s
         const nccl::Library& lib = *self.library;
         k::bf16* reduced = s.arena.take<k::bf16>(count);
         CUDA_CHECK(cudaMemsetAsync(reduced, 0, count * 2, s.stream));
-        const auto gathered = capture(s.stream, [&] {
+        const ScopedGraph gathered(s.stream, [&] {
             for (int i = 0; i < per_graph; ++i) s.collectives->sum_partials(terms, rows, width, s.out, s.stream);
         });
-        const auto all_reduced = capture(s.stream, [&] {
+        const ScopedGraph all_reduced(s.stream, [&] {
             for (int i = 0; i < per_graph; ++i) {
                 lib.check(lib.all_reduce(reduced, reduced, count, nccl::kBfloat16, nccl::kSum, self.comm, s.stream),
                           "ncclAllReduce");
             }
         });
-        cudaEvent_t begin = nullptr, end = nullptr;
-        CUDA_CHECK(cudaEventCreate(&begin));
-        CUDA_CHECK(cudaEventCreate(&end));
-        auto median = [&](cudaGraphExec_t exec) {
-            std::vector<double> times;
-            CUDA_CHECK(cudaGraphLaunch(exec, s.stream));  // warm-up
-            for (int i = 0; i < iters; ++i) {
-                CUDA_CHECK(cudaEventRecord(begin, s.stream));
-                CUDA_CHECK(cudaGraphLaunch(exec, s.stream));
-                CUDA_CHECK(cudaEventRecord(end, s.stream));
-                CUDA_CHECK(cudaEventSynchronize(end));
-                float ms = 0.f;
-                CUDA_CHECK(cudaEventElapsedTime(&ms, begin, end));
-                times.push_back(ms * 1e-3 / per_graph);
-            }
-            std::sort(times.begin(), times.end());
-            return times[times.size() / 2];
+        const SavedState nothing({}, s.stream);  // the slots' values do not matter to the time
+        const auto per_exchange = [&](const ScopedGraph& g) {
+            return median(time_replays(g.exec(), s.stream, iters, true, nothing)) / per_graph;
         };
-        seconds[r] = {median(gathered.second), median(all_reduced.second)};
-        cudaEventDestroy(begin);
-        cudaEventDestroy(end);
-        for (const auto& [graph, exec] : {gathered, all_reduced}) {
-            cudaGraphExecDestroy(exec);
-            cudaGraphDestroy(graph);
-        }
+        seconds[r] = {per_exchange(gathered), per_exchange(all_reduced)};
     });
     std::pair<double, double> slowest{0.0, 0.0};
     for (const auto& [g, a] : seconds) slowest = {std::max(slowest.first, g), std::max(slowest.second, a)};
