@@ -133,6 +133,8 @@ def test_summary_of_clean_shards(tmp_path: Path) -> None:
     (MEMCHECK_LOG.replace("4 passed", "3 passed, 1 failed").replace("exit 0", "exit 1"), "exit 1"),
     ("========= COMPUTE-SANITIZER\n....\ngpu_suite: shard exit 124 after 540 s\n", "timed out (exit 124)"),
     ("....\n", "no exit line"),
+    (MEMCHECK_LOG.replace("See https", 'nanobind: leaked 2 instances!\n - leaked instance 0x1 of type "ddtree._native.Engine"'
+                          "\nSee https"), "2 native objects alive at exit (nanobind)"),
 ])
 def test_summary_fails_on_any_bad_shard(tmp_path: Path, text: str, problem: str) -> None:
     line, failed = shards.summary_line("memcheck", [(Path(p).name, shards.shard_report(Path(p).read_text()))
@@ -190,3 +192,13 @@ def test_a_test_cut_before_its_teardown_does_not_count(tmp_path: Path) -> None:
     cut = _jsonl(tmp_path / "cut.jsonl", [(ids[0], "setup", 0.1), (ids[0], "call", 3.0), (ids[0], "teardown", 0.1),
                                           (ids[1], "setup", 0.2)])  # ids[1] running when the timeout came
     assert shards.sanitizer_times([cut]) == {ids[0]: 3.2}
+
+
+def test_a_split_test_shares_its_measured_time_among_its_cases() -> None:
+    measured = {"t.py::f[0-tiny]": 60.0, "t.py::f[0-tiny-fused]": 8.0, "t.py::g[1]": 5.0}
+    ids = ["t.py::f[0-tiny-b1]", "t.py::f[0-tiny-b2]", "t.py::f[0-tiny-b3]", "t.py::f[0-tiny-fused-b1]",
+           "t.py::f[0-tiny-fused-b2]", "t.py::g[1]", "t.py::g[10-x]"]
+    # the longest measured parent wins (tiny-fused, not tiny); g[1] is itself collected, so no parent of g[10-x]
+    assert shards.split_case_times(ids, measured) == {
+        "t.py::f[0-tiny-b1]": 20.0, "t.py::f[0-tiny-b2]": 20.0, "t.py::f[0-tiny-b3]": 20.0,
+        "t.py::f[0-tiny-fused-b1]": 4.0, "t.py::f[0-tiny-fused-b2]": 4.0}

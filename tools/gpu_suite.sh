@@ -18,7 +18,8 @@
 # sees every allocation's bounds. Each shard logs sanitize_TOOL_I.log (its node ids in sanitize_TOOL_I.txt, its
 # junit xml and its per-test seconds, sanitize_TOOL_I.times.jsonl, beside: written test by test, so a shard cut by
 # its timeout keeps them); then one line per tool sums the sanitizer's errors and the tests over the shards, and a
-# shard's error, failed test or timeout fails the suite.
+# shard's error, failed test or timeout fails the suite, as does a test process (plain or sanitized) that exits with
+# native objects alive (nanobind's leak report: an engine kept past its test).
 # SUITE_DEADLINE (seconds after the start) cuts every sanitizer step's timeout so that the step ends by then, leaving
 # time to pack the reports before the device command's own limit. SANITIZE_ARGS adds compute-sanitizer options to
 # every tool's run (e.g. "--kernel-name regex=6ddtree": check only the engine's kernels, not torch's).
@@ -74,10 +75,16 @@ sanitize_suite() {
         mapfile -t times < <(compgen -G "bench/results/gpu_tests/*.xml"; compgen -G "bench/results/gpu_tests/*.jsonl")
     fi
     for tool in $SANITIZE; do
+        # Host backtraces off: to print them, compute-sanitizer keeps a reference to the Python frames of every CUDA
+        # call, which keeps each frame's locals (engines and their device memory) alive until exit; a kernel's
+        # errors still come with its device backtrace. API errors unreported: NCCL's initialization asks
+        # cudaFuncGetAttributes about each of its kernels and skips those without an sm_90 image (error 209,
+        # 8 reports per communicator); the runtime checks every CUDA call it makes and raises, failing the test.
+        extra=(--show-backtrace device --report-api-errors no)
         case $tool in
-            memcheck) extra=(--leak-check no) ;;
-            racecheck) extra=(--racecheck-report all) ;;
-            initcheck | synccheck) extra=() ;;
+            memcheck) extra+=(--leak-check no) ;;
+            racecheck) extra+=(--racecheck-report all) ;;
+            initcheck | synccheck) ;;
             *) echo "SANITIZE: unknown tool $tool (memcheck, racecheck, initcheck, synccheck)"; ok=1; continue ;;
         esac
         # shards per tool: each tool slows the tests by its own factors (sanitize_shards.py --tool)
@@ -142,6 +149,10 @@ if (( status == 0 )); then
         (cd /tmp && timeout "$step_timeout" python3 -m pytest -q -p no:cacheprovider "$OLDPWD/tests/gpu" \
             ${pytest_expr[@]+"${pytest_expr[@]}"} --junitxml="$report_dir/gpu_tests.xml" 2>&1) | tee "$report_dir/gpu_tests.log"
         (( PIPESTATUS[0] == 0 )) || status=1
+        # nanobind names the native objects still alive at the interpreter's exit: an engine kept past its test
+        if grep -q "nanobind: leaked" "$report_dir/gpu_tests.log"; then
+            echo "gpu tests: native objects alive at exit (nanobind's report in gpu_tests.log)"; status=1
+        fi
     fi
     if [[ -n ${SANITIZE:-} ]]; then
         sanitize_suite || status=1

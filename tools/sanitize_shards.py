@@ -11,13 +11,14 @@ test's phases summed, the latest run that finished it; with --tool, that tool's 
 tests by very different factors. A test they lack
 takes its duration in the junit xml files (where several hold it, the run that began last wins, by the
 testsuite's timestamp) times the median slowdown of the tests in both; a test in none counts the median of the
-known ones. Each shard keeps the collection order, so a module's fixtures are built once per shard. It prints the
+known ones. A test split out of a measured one by a new parameter (`t[a-b-c]` of `t[a-b]`) shares its time. Each shard keeps the collection order, so a module's fixtures are built once per shard. It prints the
 shard files' paths, one a line, and a line per shard on stderr with its test count and estimated seconds.
 
 `summary` reads the shards' logs (each ending in the line `gpu_suite: shard exit RC after S s` that
 tools/gpu_suite.sh appends) and prints one line: the sanitizer's errors (and racecheck's warnings) over every
 shard's ERROR / RACECHECK SUMMARY, the tests passed and failed, and every shard that failed, timed out or has no
-summary. Its exit status is 1 if any shard did.
+summary, or whose process ended with native objects alive (nanobind's leak report). Its exit status is 1 if any
+shard did.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ ERROR_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?")
 RACECHECK_SUMMARY = re.compile(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
 PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)\b")
 PYTEST_FINAL = re.compile(r"\bin \d+(\.\d+)?s\b")
+NANOBIND_LEAKS = re.compile(r"nanobind: leaked (\d+) instances?")
 TIMED_OUT = {124, 137}  # timeout(1): the step ran past its limit (TERM, then KILL)
 
 
@@ -124,9 +126,28 @@ def sanitizer_times(jsonl_paths, tool: str | None = None) -> dict[str, float]:
     return {node: seconds for node, (_, seconds) in ended.items()}
 
 
+def split_case_times(ids: list[str], measured: dict[str, float]) -> dict[str, float]:
+    """Times for tests that a parametrization split out of a measured one (`t[a-b]` measured, `t[a-b-c]` and
+    `t[a-b-d]` collected): the measured seconds shared equally among its cases; the longest such parent wins."""
+    parents: dict[str, str] = {}
+    for node_id in ids:
+        if node_id in measured or not node_id.endswith("]") or "[" not in node_id:
+            continue
+        base, params = node_id[:-1].split("[", 1)
+        candidates = [m for m in measured if m.startswith(base + "[") and m not in ids
+                      and params.startswith(m[len(base) + 1:-1] + "-")]
+        if candidates:
+            parents[node_id] = max(candidates, key=len)
+    shares: dict[str, int] = {}
+    for parent in parents.values():
+        shares[parent] = shares.get(parent, 0) + 1
+    return {node_id: measured[parent] / shares[parent] for node_id, parent in parents.items()}
+
+
 def shard_weights(ids: list[str], xml_times: dict[tuple[str, str], float], measured: dict[str, float]) -> list[float]:
-    """Sanitizer seconds where measured, else the xml duration scaled by the median slowdown of the tests known
-    both ways (durations() for the rest)."""
+    """Sanitizer seconds where measured (or shared out of a measured test that was split, split_case_times), else
+    the xml duration scaled by the median slowdown of the tests known both ways (durations() for the rest)."""
+    measured = {**measured, **split_case_times(ids, measured)}
     plain = durations(ids, xml_times)
     if not measured:
         return plain
@@ -172,7 +193,8 @@ def cmd_split(args: argparse.Namespace) -> int:
 
 def shard_report(text: str) -> dict:
     """What one shard's log says: exit status and seconds (None when the line is missing), sanitizer errors and
-    warnings (None without a summary), pytest's counts (empty without its final line)."""
+    warnings (None without a summary), pytest's counts (empty without its final line), and the native objects nanobind
+found alive at the interpreter's exit (an engine kept past its test)."""
     exit_line = EXIT_LINE.findall(text)
     rc, seconds = (int(exit_line[-1][0]), int(exit_line[-1][1])) if exit_line else (None, None)
     race = RACECHECK_SUMMARY.findall(text)
@@ -184,7 +206,8 @@ def shard_report(text: str) -> dict:
     if finals:
         for n, what in PYTEST_COUNTS.findall(finals[-1]):
             counts["errors" if what.startswith("error") else what] = int(n)
-    return {"rc": rc, "seconds": seconds, "errors": errors, "warnings": warnings, "counts": counts}
+    leaked = sum(int(n) for n in NANOBIND_LEAKS.findall(text))
+    return {"rc": rc, "seconds": seconds, "errors": errors, "warnings": warnings, "counts": counts, "leaked": leaked}
 
 
 def summary_line(tool: str, reports: list[tuple[str, dict]]) -> tuple[str, bool]:
@@ -206,6 +229,8 @@ def summary_line(tool: str, reports: list[tuple[str, dict]]) -> tuple[str, bool]
             problems.append(f"{name}: no sanitizer summary")
         elif r["errors"]:
             problems.append(f"{name}: {r['errors']} errors")
+        if r["leaked"]:
+            problems.append(f"{name}: {r['leaked']} native objects alive at exit (nanobind)")
     slowest = max((r["seconds"] or 0 for _, r in reports), default=0)
     tests = ", ".join(f"{counts.get(k, 0)} {k}" for k in ("passed", "failed", "skipped"))
     extra = "".join(f", {n} {k}" for k, n in counts.items() if k not in ("passed", "failed", "skipped"))

@@ -47,13 +47,13 @@ _REASON = _skip_reason()
 #   drafter's own candidates still run, the same graph buckets and GEMM row counts, on one or two rounds each), and
 #   one temperature per (model, streams) instead of both: temperature index (model index + streams index) % 2, so
 #   every model preset (tiny, small, tiny-fused, k2-layers) and every stream count (1, 3, 16) runs greedy and
-#   sampled (the other 12 cases are deselected at collection, sanitize_keep). k2-layers has 2 layers (the dense one
+#   sampled (the other 12 (model, streams, temperature) cases' 84 tests are deselected at collection, sanitize_keep). k2-layers has 2 layers (the dense one
 #   and one MoE layer: the target's kernel instantiations; its drafter then taps one layer instead of two) instead
 #   of 3. Its acceptance statistics are left to the plain run: a round or two per budget are too few to hold a mean.
 # - test_streams_stop_at_different_rounds: 10 new tokens, the stop ids taken at tokens 2 and 7 instead of 9 and 30,
 #   and only the oracle's pass (commits of several tokens reach the stops at different rounds); the drafter's pass
 #   and the Python API's run the same kernels.
-# - test_a_dropped_engine_is_freed_at_once: the tiny engine instead of k2-layers, and no device-memory check (the
+# - test_a_dropped_engine_is_freed_at_once: its checkpoint (tiny) case only, without the device-memory check (the
 #   shards share the device, so its free memory moves under them).
 # - test_budget_gpu.py: the exactness checks at 12 new tokens, one temperature per oracle profile (none, 0.9, 0.3
 #   alternate greedy and sampled); the policy checks keep their 64 (their budgets need a run of rounds).
