@@ -7,7 +7,8 @@ dense MLP, shared experts and lm_head; 61 layers; random weights filled on the d
 rank-order sum runs, so a step is one rank's work with local collectives. Beside it, whole on the rank, a drafter of
 the Kimi-K2.5-DFlash shape (6 layers, block 8, taps 1 12 24 35 47 58) holding the whole lm_head. Reports, at 1 / 4 /
 16 streams and 1k context:
-- the per-rank AR step (CUDA graph replay, tokens sampled at T = 1 so the routing stays that of diverse tokens);
+- the per-rank AR step (CUDA graph replay, tokens sampled at T = 1 so the routing stays that of diverse tokens),
+  and the routed experts per layer a step's rows choose (all, and this rank's);
 - the local collectives' time: the eager step's sum_partials operations (the stand-in copies and the sums), and
   one forward's collectives captured apart in a graph and replayed (Engine.time_collectives), at the step's and at
   each round's verify rows;
@@ -31,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ddtree import Engine
@@ -63,6 +65,17 @@ def kimi_dflash(cfg) -> DrafterConfig:
                                target_layer_ids=KIMI_DFLASH_TAPS)
 
 
+def experts_touched(engine: Engine, n: int) -> tuple[float, float]:
+    """Experts per MoE layer that one step's rows route to (the mean over layers), of all and of this rank's: an
+    eager forward of n random tokens at the step's positions (the timed steps sample theirs at T = 1)."""
+    ids = np.random.default_rng(n).integers(0, engine.config.vocab_size, n).tolist()
+    _, routing = engine.native.forward_logits(ids, list(range(n)), [CONTEXT - 1] * n, with_routing=True)
+    per_rank = engine.config.n_routed_experts // RANKS
+    touched = [np.unique(layer) for layer in routing]
+    local = [np.count_nonzero((t >= RANK * per_rank) & (t < (RANK + 1) * per_rank)) for t in touched]
+    return float(np.mean([len(t) for t in touched])), float(np.mean(local))
+
+
 def measure(engine: Engine, iters: int) -> list[dict]:
     native = engine.native
     native.randomize_cache(1)
@@ -73,12 +86,15 @@ def measure(engine: Engine, iters: int) -> list[dict]:
         profile = dict(native.profile_step(n, positions, 2, temperature=SAMPLE_TEMPERATURE))
         local_ms = profile.get("sum_partials", 0.0) * 1e3
         in_graph_ms = native.time_collectives(n, iters) * 1e3
+        experts, local_experts = experts_touched(engine, n)
         rows.append({"streams": n, "context": CONTEXT, "step_ms": step_s * 1e3, "host_us_per_step": host_s * 1e6,
                      "local_collectives_ms": local_ms, "local_collectives_per_step": 2 * K2_LAYERS,
-                     "collectives_in_graph_ms": in_graph_ms,
+                     "collectives_in_graph_ms": in_graph_ms, "experts_per_layer": experts,
+                     "local_experts_per_layer": local_experts,
                      "breakdown_ms": {k: v * 1e3 for k, v in sorted(profile.items(), key=lambda kv: -kv[1])}})
         print(f"rank {RANK} of {RANKS}: {n} streams: {step_s * 1e3:.3f} ms/step, local collectives "
-              f"{local_ms:.3f} ms eager, {in_graph_ms:.3f} ms in a graph, host {host_s * 1e6:.1f} us", flush=True)
+              f"{local_ms:.3f} ms eager, {in_graph_ms:.3f} ms in a graph, host {host_s * 1e6:.1f} us, "
+              f"{experts:.1f} experts per layer ({local_experts:.1f} of this rank's)", flush=True)
     return rows
 
 
@@ -120,7 +136,7 @@ def project(measured: list[dict], rounds: list[dict]) -> list[dict]:
         row = {"streams": n, "ar_step_ms": [low, high], "ar_tokens_per_s": [n / high * 1e3, n / low * 1e3],
                "ar_collectives_ms": gathers, "rank_step_ms": m["step_ms"] - m.get("collectives_in_graph_ms", 0.0),
                "model_rank_step_ms": ar_model.total - ar_model.collectives, "model_ar_step_ms": ar_model.total,
-               "ddtree": []}
+               "model_experts_per_layer": model.routing.active(n, 1), "ddtree": []}
         for r in (r for r in rounds if r["streams"] == n):
             b = model.round(lay, n, r["budget"], m["context"], r["mean_accept"])
             collectives = model.gathered_collectives_ms(lay, n * (r["budget"] + 1))
@@ -145,6 +161,13 @@ def write_reports(out: Path, report: dict) -> None:
         in_graph = m.get("collectives_in_graph_ms")
         lines.append(f"| {m['streams']} | {m['step_ms']:.3f} | {m['host_us_per_step']:.1f} | "
                      f"{m['local_collectives_ms']:.3f} | {'-' if in_graph is None else f'{in_graph:.3f}'} |")
+    if all("experts_per_layer" in m for m in report["measured"]):
+        lines += ["", "Routed experts per MoE layer that a step's rows choose (an eager forward of random tokens at the "
+                  "step's positions; mean over layers), against ddtree.estimate's routing fit (4-layer engines):", "",
+                  "| streams | of the 384 | of this rank's 48 | model, of the 384 |", "|---|---|---|---|"]
+        for m, p in zip(report["measured"], report["projection"]):
+            lines.append(f"| {m['streams']} | {m['experts_per_layer']:.1f} | {m['local_experts_per_layer']:.1f} | "
+                         f"{p['model_experts_per_layer']:.1f} |")
     lines += ["", f"## Per-rank DDTree rounds (oracle candidates, target mean accept {report['mean_accept']:g})", "",
               "| streams | budget | ms/round | mean accept | host us/round | tokens equal AR's |", "|---|---|---|---|---|---|"]
     for r in report["rounds"]:
