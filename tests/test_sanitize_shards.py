@@ -134,7 +134,9 @@ def test_summary_of_clean_shards(tmp_path: Path) -> None:
     ("========= COMPUTE-SANITIZER\n....\ngpu_suite: shard exit 124 after 540 s\n", "timed out (exit 124)"),
     ("....\n", "no exit line"),
     (MEMCHECK_LOG.replace("See https", 'nanobind: leaked 2 instances!\n - leaked instance 0x1 of type "ddtree._native.Engine"'
-                          "\nSee https"), "2 native objects alive at exit (nanobind)"),
+                          "\nSee https"), "native objects alive at exit (nanobind: 2 instances)"),
+    (MEMCHECK_LOG.replace("See https", "nanobind: leaked 3 functions!\nSee https"),
+     "native objects alive at exit (nanobind: 0 instances)"),
 ])
 def test_summary_fails_on_any_bad_shard(tmp_path: Path, text: str, problem: str) -> None:
     line, failed = shards.summary_line("memcheck", [(Path(p).name, shards.shard_report(Path(p).read_text()))
@@ -202,3 +204,20 @@ def test_a_split_test_shares_its_measured_time_among_its_cases() -> None:
     assert shards.split_case_times(ids, measured) == {
         "t.py::f[0-tiny-b1]": 20.0, "t.py::f[0-tiny-b2]": 20.0, "t.py::f[0-tiny-b3]": 20.0,
         "t.py::f[0-tiny-fused-b1]": 4.0, "t.py::f[0-tiny-fused-b2]": 4.0}
+
+
+def test_a_cut_shard_counts_its_tests_from_its_times(tmp_path: Path) -> None:
+    ids = _ids(3)
+    log = tmp_path / "sanitize_memcheck_0.log"
+    log.write_text("========= COMPUTE-SANITIZER\n.F\ngpu_suite: shard exit 124 after 554 s\n")
+    _jsonl(tmp_path / "sanitize_memcheck_0.times.jsonl",
+           [(ids[0], "setup", 1.0), (ids[0], "call", 2.0), (ids[0], "teardown", 0.1),
+            (ids[1], "setup", 1.0), (ids[1], "call", 2.0), (ids[1], "teardown", 0.1), (ids[2], "setup", 1.0)])
+    times = (tmp_path / "sanitize_memcheck_0.times.jsonl").read_text().replace(
+        f'"nodeid": "{ids[1]}", "when": "call", "seconds": 2.0, "outcome": "passed"',
+        f'"nodeid": "{ids[1]}", "when": "call", "seconds": 2.0, "outcome": "failed"')
+    (tmp_path / "sanitize_memcheck_0.times.jsonl").write_text(times)
+    out = subprocess.run([sys.executable, str(SCRIPT), "summary", "--tool", "memcheck", str(log)],
+                         capture_output=True, text=True)
+    assert out.returncode == 1
+    assert "tests 1 passed, 1 failed, 0 skipped" in out.stdout and "timed out (exit 124)" in out.stdout, out.stdout

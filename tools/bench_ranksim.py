@@ -162,9 +162,11 @@ def write_reports(out: Path, report: dict) -> None:
         lines.append(f"| {m['streams']} | {m['step_ms']:.3f} | {m['host_us_per_step']:.1f} | "
                      f"{m['local_collectives_ms']:.3f} | {'-' if in_graph is None else f'{in_graph:.3f}'} |")
     if all("experts_per_layer" in m for m in report["measured"]):
+        experts = report["routed_experts"]
         lines += ["", "Routed experts per MoE layer that a step's rows choose (an eager forward of random tokens at the "
                   "step's positions; mean over layers), against ddtree.estimate's routing fit (4-layer engines):", "",
-                  "| streams | of the 384 | of this rank's 48 | model, of the 384 |", "|---|---|---|---|"]
+                  f"| streams | of the {experts} | of this rank's {experts // RANKS} | model, of the {experts} |",
+                  "|---|---|---|---|"]
         for m, p in zip(report["measured"], report["projection"]):
             lines.append(f"| {m['streams']} | {m['experts_per_layer']:.1f} | {m['local_experts_per_layer']:.1f} | "
                          f"{p['model_experts_per_layer']:.1f} |")
@@ -240,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = _native.plan_memory(engine_dims(cfg), RANK, RANKS, 1, max(STREAMS), 2 * CONTEXT, 0)
     report = {"model": f"k2-layers, {K2_LAYERS} layers, rank {RANK} of {RANKS} (random weights)",
               "device": str(device_info()), "copy_bandwidth_gbs": bw / 1e9, "weights_gib": plan["weights"] / 2**30,
-              "mean_accept": args.mean_accept, "measured": measured, "rounds": rounds,
+              "mean_accept": args.mean_accept, "routed_experts": cfg.n_routed_experts, "measured": measured,
+              "rounds": rounds,
               "projection": project(measured, rounds), "seconds": time.time() - start}
     write_reports(args.out, report)
     print(f"wrote {args.out}/ranksim.json, {args.out}/ranksim.md in {time.time() - start:.0f} s")

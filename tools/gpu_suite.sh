@@ -79,7 +79,8 @@ sanitize_suite() {
         # call, which keeps each frame's locals (engines and their device memory) alive until exit; a kernel's
         # errors still come with its device backtrace. API errors unreported: NCCL's initialization asks
         # cudaFuncGetAttributes about each of its kernels and skips those without an sm_90 image (error 209,
-        # 8 reports per communicator); the runtime checks every CUDA call it makes and raises, failing the test.
+        # 8 reports per communicator); the runtime checks every CUDA call it makes outside destructors and raises,
+        # failing the test.
         extra=(--show-backtrace device --report-api-errors no)
         case $tool in
             memcheck) extra+=(--leak-check no) ;;

@@ -8,17 +8,18 @@
 from FILE or stdin, and writes at most N files DIR/shard_I.txt, one node id a line, balanced by the tests'
 durations. Those of sanitizer runs come first: the .jsonl files that tests/gpu/conftest.py writes per shard (each
 test's phases summed, the latest run that finished it; with --tool, that tool's runs only), as a sanitizer slows
-tests by very different factors. A test they lack
-takes its duration in the junit xml files (where several hold it, the run that began last wins, by the
-testsuite's timestamp) times the median slowdown of the tests in both; a test in none counts the median of the
-known ones. A test split out of a measured one by a new parameter (`t[a-b-c]` of `t[a-b]`) shares its time. Each shard keeps the collection order, so a module's fixtures are built once per shard. It prints the
-shard files' paths, one a line, and a line per shard on stderr with its test count and estimated seconds.
+tests by very different factors. A test split out of a measured one by a new parameter (`t[a-b-c]` of `t[a-b]`)
+shares its time. A test they lack takes its duration in the junit xml files (where several hold it, the run that
+began last wins, by the testsuite's timestamp) times the median slowdown of the tests in both; a test in none
+counts the median of the known ones. Each shard keeps the collection order, so a module's fixtures are built once
+per shard. It prints the shard files' paths, one a line, and a line per shard on stderr with its test count and
+estimated seconds.
 
 `summary` reads the shards' logs (each ending in the line `gpu_suite: shard exit RC after S s` that
 tools/gpu_suite.sh appends) and prints one line: the sanitizer's errors (and racecheck's warnings) over every
-shard's ERROR / RACECHECK SUMMARY, the tests passed and failed, and every shard that failed, timed out or has no
-summary, or whose process ended with native objects alive (nanobind's leak report). Its exit status is 1 if any
-shard did.
+shard's ERROR / RACECHECK SUMMARY, the tests passed and failed (for a shard cut before pytest's last line, from the
+.times.jsonl beside its log), and every shard that failed, timed out or has no summary, or whose process ended
+with native objects alive (nanobind's leak report). Its exit status is 1 if any shard did.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ ERROR_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?")
 RACECHECK_SUMMARY = re.compile(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
 PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)\b")
 PYTEST_FINAL = re.compile(r"\bin \d+(\.\d+)?s\b")
+NANOBIND_REPORT = "nanobind: leaked"  # its report of objects, types or functions alive at exit
 NANOBIND_LEAKS = re.compile(r"nanobind: leaked (\d+) instances?")
 TIMED_OUT = {124, 137}  # timeout(1): the step ran past its limit (TERM, then KILL)
 
@@ -128,7 +130,8 @@ def sanitizer_times(jsonl_paths, tool: str | None = None) -> dict[str, float]:
 
 def split_case_times(ids: list[str], measured: dict[str, float]) -> dict[str, float]:
     """Times for tests that a parametrization split out of a measured one (`t[a-b]` measured, `t[a-b-c]` and
-    `t[a-b-d]` collected): the measured seconds shared equally among its cases; the longest such parent wins."""
+    `t[a-b-d]` collected): the measured seconds shared equally among its cases; the longest such parent wins. Ids
+    are matched as text, so where `t[a]` was measured and `t[a-x]` was not, the cases of `t[a-x]` go to `t[a]`."""
     parents: dict[str, str] = {}
     for node_id in ids:
         if node_id in measured or not node_id.endswith("]") or "[" not in node_id:
@@ -191,10 +194,31 @@ def cmd_split(args: argparse.Namespace) -> int:
 
 # ---- summary ----------------------------------------------------------------------------------------------------
 
-def shard_report(text: str) -> dict:
+def times_counts(jsonl_text: str) -> dict[str, int]:
+    """pytest's counts from a shard's .jsonl times (tests/gpu/conftest.py), for a shard cut before pytest's final
+    line: each test that reached its teardown, failed if its call failed, an error if its setup or teardown did,
+    skipped if any phase skipped, else passed."""
+    outcomes: dict[str, dict[str, str]] = {}
+    for line in jsonl_text.splitlines():
+        if line.strip():
+            record = json.loads(line)
+            outcomes.setdefault(record["nodeid"], {})[record["when"]] = record["outcome"]
+    counts: dict[str, int] = {}
+    for phases in outcomes.values():
+        if "teardown" not in phases:
+            continue
+        what = ("failed" if phases.get("call") == "failed" else
+                "errors" if "failed" in (phases.get("setup"), phases["teardown"]) else
+                "skipped" if "skipped" in phases.values() else "passed")
+        counts[what] = counts.get(what, 0) + 1
+    return counts
+
+
+def shard_report(text: str, times_text: str | None = None) -> dict:
     """What one shard's log says: exit status and seconds (None when the line is missing), sanitizer errors and
-    warnings (None without a summary), pytest's counts (empty without its final line), and the native objects nanobind
-found alive at the interpreter's exit (an engine kept past its test)."""
+    warnings (None without a summary), pytest's counts (without its final line, those of the shard's .jsonl times
+    when given, else empty), and whether nanobind reported native objects alive at the interpreter's exit (an
+    engine kept past its test), with the instances it counted."""
     exit_line = EXIT_LINE.findall(text)
     rc, seconds = (int(exit_line[-1][0]), int(exit_line[-1][1])) if exit_line else (None, None)
     race = RACECHECK_SUMMARY.findall(text)
@@ -206,7 +230,9 @@ found alive at the interpreter's exit (an engine kept past its test)."""
     if finals:
         for n, what in PYTEST_COUNTS.findall(finals[-1]):
             counts["errors" if what.startswith("error") else what] = int(n)
-    leaked = sum(int(n) for n in NANOBIND_LEAKS.findall(text))
+    elif times_text is not None:
+        counts = times_counts(times_text)
+    leaked = sum(int(n) for n in NANOBIND_LEAKS.findall(text)) if NANOBIND_REPORT in text else None
     return {"rc": rc, "seconds": seconds, "errors": errors, "warnings": warnings, "counts": counts, "leaked": leaked}
 
 
@@ -229,8 +255,8 @@ def summary_line(tool: str, reports: list[tuple[str, dict]]) -> tuple[str, bool]
             problems.append(f"{name}: no sanitizer summary")
         elif r["errors"]:
             problems.append(f"{name}: {r['errors']} errors")
-        if r["leaked"]:
-            problems.append(f"{name}: {r['leaked']} native objects alive at exit (nanobind)")
+        if r["leaked"] is not None:
+            problems.append(f"{name}: native objects alive at exit (nanobind: {r['leaked']} instances)")
     slowest = max((r["seconds"] or 0 for _, r in reports), default=0)
     tests = ", ".join(f"{counts.get(k, 0)} {k}" for k in ("passed", "failed", "skipped"))
     extra = "".join(f", {n} {k}" for k, n in counts.items() if k not in ("passed", "failed", "skipped"))
@@ -241,7 +267,11 @@ def summary_line(tool: str, reports: list[tuple[str, dict]]) -> tuple[str, bool]
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
-    reports = [(Path(log).name, shard_report(Path(log).read_text(errors="replace"))) for log in args.logs]
+    reports = []
+    for log in map(Path, args.logs):
+        times = log.with_name(log.name.removesuffix(".log") + ".times.jsonl")
+        reports.append((log.name, shard_report(log.read_text(errors="replace"),
+                                               times.read_text() if times.exists() else None)))
     line, failed = summary_line(args.tool, reports)
     print(line)
     return 1 if failed else 0

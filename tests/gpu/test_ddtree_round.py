@@ -106,6 +106,15 @@ ROUND_CASES = [pytest.param(b, 0.9, id=f"oracle-{b}") for b in (1, 2, 8, 32, 64,
     [pytest.param(32, None, id="drafter-32")]
 
 
+@pytest.fixture(scope="module")
+def sweep_engines() -> dict:
+    """The round sweep's engine of one (model, streams, temperature), kept for its budget cases (collected one after
+    another) as the unsplit sweep kept it for its budgets: one engine at a time, dropped with the module."""
+    held: dict = {}
+    yield held
+    held.clear()
+
+
 @sanitize_keep(lambda model, streams, temperature, **_:
                TEMPERATURES.index(temperature) == (MODELS.index(model) + STREAMS.index(streams)) % 2)
 @pytest.mark.parametrize("budget,hit", ROUND_CASES)
@@ -113,11 +122,16 @@ ROUND_CASES = [pytest.param(b, 0.9, id=f"oracle-{b}") for b in (1, 2, 8, 32, 64,
 @pytest.mark.parametrize("streams", STREAMS)
 @pytest.mark.parametrize("temperature", TEMPERATURES)
 def test_round_equals_autoregressive(model: str, streams: int, temperature: float, budget: int, hit: float | None,
-                                     model_dirs: dict[str, Path], drafter_dirs: dict[str, Path]) -> None:
+                                     model_dirs: dict[str, Path], drafter_dirs: dict[str, Path],
+                                     sweep_engines: dict) -> None:
     """Greedy, and sampled: Gumbel-max noise is keyed by (seed, stream, position) in both methods, so a node on the
     accepted path draws what AR draws at its position. The engine's budget is 255 in every case, so each budget
     runs in the graph buckets of the largest engine."""
-    engine = _engine(model, model_dirs, drafter_dirs, streams, 255)
+    key = (model, streams, temperature)
+    if key not in sweep_engines:
+        sweep_engines.clear()  # the last case's engine freed before the next one's pre-flight
+        sweep_engines[key] = _engine(model, model_dirs, drafter_dirs, streams, 255)
+    engine = sweep_engines[key]
     accepts = _check_round_equals_ar(engine, streams, budget, temperature, hit, seed=budget if hit is not None else 1,
                                      new_tokens=SWEEP_TOKENS)
     if hit is not None and budget >= 8 and not sanitizing():
