@@ -166,20 +166,8 @@ void bind_engine(nb::module_& m) {
             "drafter: None, or a dict of dims (ddtree.drafter_engine.drafter_dims), inv_freq, attention_factor, "
             "tap_layers (the target layers of its context) and window (0: unbounded). rank, ranks: the share of a "
             "target split over `ranks` GPUs this engine holds (ddtree.shard); all_ranks: every rank on this GPU.")
-        .def_prop_ro("held_ranks", &Engine::held_ranks)
-        .def_prop_ro("has_drafter", &Engine::has_drafter)
-        .def_prop_ro("streams", &Engine::streams)
-        .def_prop_ro("max_context", &Engine::max_context)
-        .def_prop_ro("budget", &Engine::max_budget)
         .def_prop_ro("max_rows", &Engine::max_rows)
         .def_prop_ro("device", &Engine::device)
-        .def(
-            "upload_drafter",
-            [](Engine& e, const std::string& name, HostArray a) { upload_host(e.drafter_weights(), name, a); },
-            nb::arg("name"), nb::arg("array"), "Copy one drafter tensor (its checkpoint name) to the device.")
-        .def("randomize_drafter", [](Engine& e, uint64_t seed) { e.drafter_weights().randomize(seed); },
-             nb::arg("seed"), nb::call_guard<nb::gil_scoped_release>())
-        .def("drafter_missing", [](Engine& e) { return e.drafter_weights().missing(); })
         .def(
             "randomize_weights",
             [](Engine& e, uint64_t seed) {
@@ -187,14 +175,6 @@ void bind_engine(nb::module_& m) {
                 for (int rank : e.held_ranks()) e.weights(rank).randomize(seed + rank);
             },
             nb::arg("seed"), nb::call_guard<nb::gil_scoped_release>())
-        .def(
-            "missing",
-            [](Engine& e) {
-                for (int rank : e.held_ranks()) {
-                    if (std::string m = e.weights(rank).missing(); !m.empty()) return m;
-                }
-                return std::string();
-            })
         .def("prefill", &Engine::prefill, nb::arg("prompts"), nb::arg("temperature"), nb::arg("seed"),
              nb::call_guard<nb::gil_scoped_release>())
         .def(

@@ -30,11 +30,30 @@ std::optional<DrafterSpec> parse_drafter_spec(const std::optional<nanobind::dict
 // Held rank `rank`'s weights (std::invalid_argument naming `rank` when not held).
 inline Weights& held_weights(Engine& e, int rank) { return e.weights(rank); }
 inline Weights& held_weights(MultiGpuEngine& e, int rank) { return e.rank(rank).weights(rank); }
+// Every copy of the drafter's weights: one per GPU.
+inline void upload_drafter_tensor(Engine& e, const std::string& name, HostArray a) {
+    upload_host(e.drafter_weights(), name, a);
+}
+inline void upload_drafter_tensor(MultiGpuEngine& e, const std::string& name, HostArray a) {
+    for (int r = 0; r < e.ranks(); ++r) upload_host(e.rank(r).drafter_weights(), name, a);
+}
 
 template <typename E>
 void bind_engine_surface(nanobind::class_<E>& c) {
     namespace nb = nanobind;
     c
+        .def_prop_ro("held_ranks", &E::held_ranks)
+        .def_prop_ro("has_drafter", &E::has_drafter)
+        .def_prop_ro("streams", &E::streams)
+        .def_prop_ro("max_context", &E::max_context)
+        .def_prop_ro("budget", &E::max_budget)
+        .def("missing", &E::missing, "The first target tensor not uploaded yet (\"\" when complete).")
+        .def(
+            "upload_drafter", [](E& e, const std::string& name, HostArray a) { upload_drafter_tensor(e, name, a); },
+            nb::arg("name"), nb::arg("array"),
+             "Copy one drafter tensor (its checkpoint name) to the device (to every device of a split engine).")
+        .def("randomize_drafter", &E::randomize_drafter, nb::arg("seed"), nb::call_guard<nb::gil_scoped_release>())
+        .def("drafter_missing", [](E& e) { return e.drafter_weights().missing(); })
         .def(
             "upload",
             [](E& e, const std::string& name, HostArray a, int rank) { upload_host(held_weights(e, rank), name, a); },

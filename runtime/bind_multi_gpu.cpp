@@ -62,36 +62,10 @@ void bind_multi_gpu(nb::module_& m) {
             "libnccl.so.2, loaded at run time.")
         .def_prop_ro("ranks", &MultiGpuEngine::ranks)
         .def_prop_ro("devices", &MultiGpuEngine::devices)
-        .def_prop_ro("held_ranks",
-                     [](const MultiGpuEngine& e) {
-                         std::vector<int> ranks(e.ranks());
-                         for (int r = 0; r < e.ranks(); ++r) ranks[r] = r;
-                         return ranks;
-                     })
-        .def_prop_ro("has_drafter", [](MultiGpuEngine& e) { return e.rank(0).has_drafter(); })
-        .def_prop_ro("streams", [](MultiGpuEngine& e) { return e.rank(0).streams(); })
-        .def_prop_ro("max_context", [](MultiGpuEngine& e) { return e.rank(0).max_context(); })
-        .def_prop_ro("budget", [](MultiGpuEngine& e) { return e.rank(0).max_budget(); })
-        .def(
-            "upload_drafter",
-            [](MultiGpuEngine& e, const std::string& name, HostArray a) {
-                for (int r = 0; r < e.ranks(); ++r) upload_host(e.rank(r).drafter_weights(), name, a);
-            },
-            nb::arg("name"), nb::arg("array"), "Copy one drafter tensor (its checkpoint name) to every device.")
-        .def("randomize_drafter", &MultiGpuEngine::randomize_drafter, nb::arg("seed"),
-             nb::call_guard<nb::gil_scoped_release>())
-        .def("drafter_missing", [](MultiGpuEngine& e) { return e.rank(0).drafter_weights().missing(); })
         .def("randomize_weights", &MultiGpuEngine::randomize_weights, nb::arg("seed"),
              nb::call_guard<nb::gil_scoped_release>(),
              "Rank r's split tensors drawn with seed + r, its replicated ones rank 0's: the model of an all_ranks "
              "Engine on one GPU with the same seed.")
-        .def("missing",
-             [](MultiGpuEngine& e) {
-                 for (int r = 0; r < e.ranks(); ++r) {
-                     if (std::string m = e.rank(r).weights(r).missing(); !m.empty()) return m;
-                 }
-                 return std::string();
-             })
         .def(
             "forward_logits",
             [](MultiGpuEngine& e, const std::vector<int32_t>& ids, const std::vector<int32_t>& streams,

@@ -31,3 +31,17 @@ class CudaError : public std::runtime_error {
             ::ddtree::throw_cuda_error(cuda_check_err_, #call, __FILE__, __LINE__); \
         }                                                                         \
     } while (0)
+
+namespace ddtree {
+
+// std::invalid_argument naming `device` (as `name`) when it is not a CUDA device of this machine.
+inline void check_device(int device, const char* name = "device") {
+    int count = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&count));
+    if (device < 0 || device >= count) {
+        throw std::invalid_argument(name + (" " + std::to_string(device)) + " does not exist (" + std::to_string(count) +
+                                    " CUDA devices)");
+    }
+}
+
+}  // namespace ddtree

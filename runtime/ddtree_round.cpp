@@ -422,17 +422,12 @@ TreeGeneration DdtreeRound::generate(const RoundRequest& r) {
     const RoundKey base = request_key(r);
     const int n = base.streams;
     const int top = base.budget;
-    const bool automatic = !r.auto_budgets.empty();
     cudaStream_t s = model_.stream();
 
     // Auto budgets: the round times (given, or measured once per key by replays from the request's own prefill,
     // before the timed phases), then the policy that picks each round's budget.
     std::optional<BudgetPolicy> policy;
-    if (automatic && r.max_new_tokens > 1) {  // a single new token is the prefill's: no round to choose for
-        CostTable costs = r.costs;
-        if (costs.streams.empty()) costs = measure_costs(r, base);
-        policy.emplace(r.auto_budgets, std::move(costs));
-    }
+    if (r.chooses_budgets()) policy.emplace(r.auto_budgets, r.measures_costs() ? measure_costs(r, base) : r.costs);
     PhaseClock clock(s);  // start, prefilled, decoded
     start_streams(r);
     clock.mark();

@@ -77,6 +77,11 @@ struct RoundRequest {
     // with budget block - 1 verifies DFlash's own chain of top-1 tokens.
     int depth_limit = 0, width = 0;
     bool profile = false;  // eager rounds, each stage timed (TreeGeneration::stages)
+
+    // Rounds choose their budgets: auto budgets, and a round to choose for (a single new token is the prefill's).
+    bool chooses_budgets() const { return !auto_budgets.empty() && max_new_tokens > 1; }
+    // ... by round times measured on the engine, none being given.
+    bool measures_costs() const { return chooses_budgets() && costs.streams.empty(); }
 };
 
 // The drafter of an engine's rounds and the target layers whose residuals are its context.

@@ -179,12 +179,7 @@ size_t Engine::preflight(const ModelDims& dims, const RopeTable& rope, int strea
                                     " frequencies, expected " + std::to_string(dims.rope / 2));
     }
     if (drafter != nullptr) check_drafter(*drafter, dims, max_context, max_budget);
-    int count = 0;
-    CUDA_CHECK(cudaGetDeviceCount(&count));
-    if (device < 0 || device >= count) {
-        throw std::invalid_argument("device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
-                                    " CUDA devices)");
-    }
+    check_device(device);
     CUDA_CHECK(cudaSetDevice(device));
 
     const MemoryPlan plan = plan_memory(dims, streams, max_context, max_budget, drafter, held_ranks);
@@ -231,6 +226,13 @@ DrafterWeights& Engine::drafter_weights() {
     if (drafter_ == nullptr) throw std::invalid_argument("the engine was created without a drafter");
     CUDA_CHECK(cudaSetDevice(device_));
     return drafter_->weights();
+}
+
+std::string Engine::missing() {
+    for (int rank : model_.held()) {
+        if (std::string m = model_.weights(rank).missing(); !m.empty()) return m;
+    }
+    return std::string();
 }
 
 void Engine::check_weights() {

@@ -80,11 +80,14 @@ class Engine {
     // A held rank's weights (std::invalid_argument naming `rank` when it is not held).
     Weights& weights(int rank) { return model_.weights(rank); }
     const std::vector<int>& held_ranks() const { return model_.held(); }
+    // The first target tensor no upload has filled yet, over the held ranks ("" when complete).
+    std::string missing();
     // The memory an engine of these arguments takes, counted without a device: the constructor's own layout.
     static MemoryPlan plan_memory(const ModelDims& dims, int streams, int max_context, int max_budget,
                                   const DrafterSpec* drafter, int held_ranks);
     // The drafter's weights (std::invalid_argument when the engine has no drafter).
     DrafterWeights& drafter_weights();
+    void randomize_drafter(uint64_t seed) { drafter_weights().randomize(seed); }
     bool has_drafter() const { return drafter_ != nullptr; }
     const DrafterDims* drafter_dims() const { return drafter_ ? &drafter_->dims() : nullptr; }
 

@@ -10,18 +10,24 @@ namespace ddtree {
 
 namespace {
 
-// std::runtime_error naming the first rank whose stream tokens differ from rank 0's: the ranks' picks are
-// replicated, so a difference means their inputs or collectives diverged.
-void check_same_tokens(const std::vector<std::vector<std::vector<int32_t>>>& tokens, const char* what) {
-    for (size_t r = 1; r < tokens.size(); ++r) {
-        for (size_t s = 0; s < tokens[0].size(); ++s) {
-            if (s >= tokens[r].size() || tokens[r][s] != tokens[0][s]) {
-                throw std::runtime_error(std::string(what) + ": rank " + std::to_string(r) + " generated other " +
-                                         "tokens than rank 0 for stream " + std::to_string(s) +
-                                         " (the ranks diverged)");
-            }
-        }
+// std::runtime_error naming the first rank whose tokens differ from rank 0's (and the first stream that does): the
+// ranks' picks are replicated, so a difference means their inputs or collectives diverged.
+template <typename Result>
+void check_same_tokens(const std::vector<Result>& out, const char* what) {
+    const auto& want = out[0].tokens;
+    for (size_t r = 1; r < out.size(); ++r) {
+        const auto& got = out[r].tokens;
+        if (got == want) continue;
+        size_t s = 0;
+        while (s < want.size() && s < got.size() && got[s] == want[s]) ++s;
+        throw std::runtime_error(std::string(what) + ": rank " + std::to_string(r) + " generated other tokens than " +
+                                 "rank 0 for stream " + std::to_string(s) + " (the ranks diverged)");
     }
+}
+
+// into[i] = the larger of into[i] and other[i]: the slowest rank's time of each entry.
+void keep_slowest(std::vector<double>& into, const std::vector<double>& other) {
+    for (size_t i = 0; i < into.size(); ++i) into[i] = std::max(into[i], other.at(i));
 }
 
 }  // namespace
@@ -32,23 +38,14 @@ MultiGpuEngine::MultiGpuEngine(const ModelDims& dims, const RopeTable& rope, int
     : devices_(devices), comms_(nccl::Library::open(nccl_library), devices), workers_(devices),
       engines_(devices.size()) {
     const int ranks = static_cast<int>(devices.size());
-    ModelDims whole = dims;
-    whole.shard = Shard{0, ranks};
-    check_shard(whole);  // on the caller: the same refusal for every rank
-    std::vector<DrafterSpec> specs;
-    if (drafter != nullptr) {
-        specs.assign(devices.size(), *drafter);
-        for (DrafterSpec& s : specs) s.dims.own_lm_head = ranks > 1;
-    }
     try {
         workers_.run(
             [&](int r) {
                 ModelDims d = dims;
                 d.shard = Shard{r, ranks};
                 const NcclRank self = comms_.rank(r);
-                engines_[r] = std::make_unique<Engine>(d, rope, streams, max_context, max_budget, devices[r],
-                                                       drafter != nullptr ? &specs[r] : nullptr, false,
-                                                       ranks > 1 ? &self : nullptr);
+                engines_[r] = std::make_unique<Engine>(d, rope, streams, max_context, max_budget, devices[r], drafter,
+                                                       false, ranks > 1 ? &self : nullptr);
             },
             false);  // no collective in an engine's creation
     } catch (...) {
@@ -88,41 +85,46 @@ void MultiGpuEngine::randomize_weights(uint64_t seed) {
         false);
 }
 
+std::vector<int> MultiGpuEngine::held_ranks() const {
+    std::vector<int> ranks(engines_.size());
+    for (size_t r = 0; r < ranks.size(); ++r) ranks[r] = static_cast<int>(r);
+    return ranks;
+}
+
+std::string MultiGpuEngine::missing() {
+    for (const auto& e : engines_) {
+        if (std::string m = e->missing(); !m.empty()) return m;
+    }
+    return std::string();
+}
+
 void MultiGpuEngine::randomize_drafter(uint64_t seed) {
-    on_every_rank([&](int, Engine& e) { e.drafter_weights().randomize(seed); }, false);
+    on_every_rank([&](int, Engine& e) { e.randomize_drafter(seed); }, false);
 }
 
 Generation MultiGpuEngine::generate(const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
                                     float temperature, uint64_t seed) {
     std::vector<Generation> out(ranks());
     on_every_rank([&](int r, Engine& e) { out[r] = e.generate(prompts, max_new_tokens, temperature, seed); });
-    std::vector<std::vector<std::vector<int32_t>>> tokens;
-    for (const Generation& g : out) tokens.push_back(g.tokens);
-    check_same_tokens(tokens, "generate");
+    check_same_tokens(out, "generate");
     return out[0];
 }
 
 TreeGeneration MultiGpuEngine::generate_ddtree(RoundRequest request) {
-    if (!request.auto_budgets.empty() && request.costs.streams.empty() && request.max_new_tokens > 1) {
+    if (request.measures_costs()) {
         // Measured times differ between GPUs; budgets chosen from different tables would differ, and so would the
         // ranks' round graphs. Every rank measures (its replays hold collectives) and all take the slowest time.
         std::vector<CostTable> tables(ranks());
         on_every_rank([&](int r, Engine& e) { tables[r] = e.round_costs(request); });
         CostTable agreed = tables[0];
         for (const CostTable& t : tables) {
-            for (size_t i = 0; i < agreed.seconds.size(); ++i) {
-                for (size_t c = 0; c < agreed.seconds[i].size(); ++c) {
-                    agreed.seconds[i][c] = std::max(agreed.seconds[i][c], t.seconds.at(i).at(c));
-                }
-            }
+            for (size_t i = 0; i < agreed.seconds.size(); ++i) keep_slowest(agreed.seconds[i], t.seconds.at(i));
         }
         request.costs = agreed;
     }
     std::vector<TreeGeneration> out(ranks());
     on_every_rank([&](int r, Engine& e) { out[r] = e.generate_ddtree(request); });
-    std::vector<std::vector<std::vector<int32_t>>> tokens;
-    for (const TreeGeneration& g : out) tokens.push_back(g.tokens);
-    check_same_tokens(tokens, "generate_ddtree");
+    check_same_tokens(out, "generate_ddtree");
     for (int r = 1; r < ranks(); ++r) {
         if (out[r].budgets != out[0].budgets) {
             throw std::runtime_error("generate_ddtree: rank " + std::to_string(r) +
@@ -164,9 +166,7 @@ std::vector<double> MultiGpuEngine::replay(const std::string& name, int n, bool 
     std::vector<std::vector<double>> seconds(ranks());
     on_every_rank([&](int r, Engine& e) { seconds[r] = e.replay(name, n, warmup); });
     std::vector<double> slowest = seconds[0];
-    for (const auto& s : seconds) {
-        for (size_t i = 0; i < slowest.size(); ++i) slowest[i] = std::max(slowest[i], s[i]);
-    }
+    for (const auto& s : seconds) keep_slowest(slowest, s);
     return slowest;
 }
 

@@ -22,7 +22,8 @@ namespace ddtree {
 class MultiGpuEngine {
   public:
     // dims: the whole model's (dims.shard is set per rank: rank r of devices.size()). `nccl_library`: the path of
-    // libnccl.so.2 (nccl_library.h). The engines' arguments are Engine's; each one's pre-flight checks its device.
+    // libnccl.so.2 (nccl_library.h). The engines' arguments are Engine's; each one's pre-flight checks its device
+    // (and the drafter's own_lm_head, set exactly when there are several ranks).
     MultiGpuEngine(const ModelDims& dims, const RopeTable& rope, int streams, int max_context, int max_budget,
                    const std::vector<int>& devices, const std::string& nccl_library, const DrafterSpec* drafter);
     ~MultiGpuEngine();
@@ -33,6 +34,15 @@ class MultiGpuEngine {
     // Rank 0's dims: the global sizes, and rank 0's shard.
     const ModelDims& dims() const { return engines_.front()->dims(); }
     const std::vector<int>& devices() const { return devices_; }
+    // The engine's sizes (every rank's are rank 0's), its ranks 0..ranks-1, and whether it has a drafter.
+    int streams() const { return engines_.front()->streams(); }
+    int max_context() const { return engines_.front()->max_context(); }
+    int max_budget() const { return engines_.front()->max_budget(); }
+    bool has_drafter() const { return engines_.front()->has_drafter(); }
+    std::vector<int> held_ranks() const;
+    // The first tensor missing on any rank ("" when complete); the drafter's, rank 0's (uploads go to every rank).
+    std::string missing();
+    DrafterWeights& drafter_weights() { return engines_.front()->drafter_weights(); }
     // Rank r's engine (std::invalid_argument naming `rank` outside 0..ranks-1): weight uploads, properties.
     Engine& rank(int r);
     // job(rank, rank's engine) on every rank's thread at once (RankWorkers::run: a rank failing between collectives,

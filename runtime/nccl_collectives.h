@@ -5,7 +5,6 @@
 // it is captured into the forward's CUDA graphs like any kernel; every rank must then replay the same sequence of
 // graphs (multi_gpu_engine.h), as NCCL matches the ranks' calls by their order.
 #pragma once
-#include "collective_slots.h"
 #include "collectives.h"
 #include "device_arena.h"
 #include "nccl_library.h"
@@ -23,15 +22,11 @@ class NcclCollectives final : public Collectives {
   public:
     NcclCollectives(const NcclRank& self, int max_rows, int width, DeviceArena& arena);
 
-    int ranks() const override { return self_.ranks; }
-    kernels::bf16* partial_slot(int rank, size_t count) override;
-    void sum_partials(int terms, int rows, int width, kernels::bf16* out, cudaStream_t stream) override;
-    kernels::RankCandidate* candidate_slot(int rank, int rows) override;
-    void pick(int rows, int32_t* tokens, cudaStream_t stream) override;
-
   private:
+    // An in-place ncclAllGather of this rank's part (bytes: a gather only moves them).
+    void fill_peers(uint8_t* base, size_t bytes, cudaStream_t stream) override;
+
     NcclRank self_;
-    CollectiveSlots slots_;
 };
 
 }  // namespace ddtree

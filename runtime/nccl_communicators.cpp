@@ -11,18 +11,11 @@ namespace ddtree {
 
 NcclCommunicators::NcclCommunicators(const nccl::Library& library, const std::vector<int>& devices)
     : library_(library), comms_(devices.size(), nullptr) {
-    int count = 0;
-    CUDA_CHECK(cudaGetDeviceCount(&count));
     if (devices.empty()) throw std::invalid_argument("devices: at least one CUDA device");
     if (std::set<int>(devices.begin(), devices.end()).size() != devices.size()) {
         throw std::invalid_argument("devices: each device at most once");
     }
-    for (int d : devices) {
-        if (d < 0 || d >= count) {
-            throw std::invalid_argument("devices: device " + std::to_string(d) + " does not exist (" +
-                                        std::to_string(count) + " CUDA devices)");
-        }
-    }
+    for (int d : devices) check_device(d, "devices: device");
     // process-wide (torch's NCCL in the same process sees it too), and set before any thread of ours reads it
     setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
     library_.check(library_.comm_init_all(comms_.data(), size(), devices.data()), "ncclCommInitAll");

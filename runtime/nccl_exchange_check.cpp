@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -11,6 +10,7 @@
 
 #include "cuda_check.h"
 #include "device_arena.h"
+#include "forked_stream.h"
 #include "graph_cache.h"
 #include "graph_replay.h"
 #include "nccl_collectives.h"
@@ -23,26 +23,18 @@ namespace k = ddtree::kernels;
 
 namespace {
 
-// One rank's stream, collectives and scratch on its device.
+// One rank's stream, collectives and scratch on its device (members destroyed in reverse: the stream last).
 struct RankSetup {
-    cudaStream_t stream = nullptr;
+    SideStream owned_stream;
+    cudaStream_t stream = owned_stream.stream();
     DeviceArena arena{DeviceArena::Mode::kAllocate};
-    std::unique_ptr<NcclCollectives> collectives;
+    NcclCollectives collectives;
     k::bf16* out = nullptr;
     int32_t* tokens = nullptr;
 
-    RankSetup(const NcclRank& self, int rows, int width) {
-        CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-        collectives = std::make_unique<NcclCollectives>(self, rows, width, arena);
-        out = arena.take<k::bf16>(static_cast<size_t>(rows) * width);
-        tokens = arena.take<int32_t>(rows);
-    }
-    ~RankSetup() {
-        collectives.reset();
-        cudaStreamDestroy(stream);
-    }
-    RankSetup(const RankSetup&) = delete;
-    RankSetup& operator=(const RankSetup&) = delete;
+    RankSetup(const NcclRank& self, int rows, int width)
+        : collectives(self, rows, width, arena), out(arena.take<k::bf16>(static_cast<size_t>(rows) * width)),
+          tokens(arena.take<int32_t>(rows)) {}
 };
 
 void check_sizes(int ranks, int terms, int rows, int width) {
@@ -75,13 +67,13 @@ NcclExchangeResult nccl_exchange_check(const std::string& library, const std::ve
     NcclExchangeResult out{std::vector<std::vector<uint16_t>>(ranks), std::vector<std::vector<int32_t>>(ranks)};
     workers.run([&](int r) {
         RankSetup s(comms.rank(r), rows, width);
-        CUDA_CHECK(cudaMemcpyAsync(s.collectives->partial_slot(r, count), parts[r].data(), count * 2,
+        CUDA_CHECK(cudaMemcpyAsync(s.collectives.partial_slot(r, count), parts[r].data(), count * 2,
                                    cudaMemcpyHostToDevice, s.stream));
-        CUDA_CHECK(cudaMemcpyAsync(s.collectives->candidate_slot(r, rows), candidates[r].data(),
+        CUDA_CHECK(cudaMemcpyAsync(s.collectives.candidate_slot(r, rows), candidates[r].data(),
                                    rows * sizeof(k::RankCandidate), cudaMemcpyHostToDevice, s.stream));
         const ScopedGraph graph(s.stream, [&] {
-            s.collectives->sum_partials(terms, rows, width, s.out, s.stream);
-            s.collectives->pick(rows, s.tokens, s.stream);
+            s.collectives.sum_partials(terms, rows, width, s.out, s.stream);
+            s.collectives.pick(rows, s.tokens, s.stream);
         });
         out.sums[r].resize(static_cast<size_t>(rows) * width);
         out.tokens[r].resize(rows);
@@ -106,12 +98,12 @@ std::pair<double, double> time_nccl_exchange(const std::string& library, const s
     workers.run([&](int r) {
         const NcclRank self = comms.rank(r);
         RankSetup s(self, rows, width);
-        CUDA_CHECK(cudaMemsetAsync(s.collectives->partial_slot(0, count), 0, ranks * count * 2, s.stream));
+        CUDA_CHECK(cudaMemsetAsync(s.collectives.partial_slot(0, count), 0, ranks * count * 2, s.stream));
         const nccl::Library& lib = *self.library;
         k::bf16* reduced = s.arena.take<k::bf16>(count);
         CUDA_CHECK(cudaMemsetAsync(reduced, 0, count * 2, s.stream));
         const ScopedGraph gathered(s.stream, [&] {
-            for (int i = 0; i < per_graph; ++i) s.collectives->sum_partials(terms, rows, width, s.out, s.stream);
+            for (int i = 0; i < per_graph; ++i) s.collectives.sum_partials(terms, rows, width, s.out, s.stream);
         });
         const ScopedGraph all_reduced(s.stream, [&] {
             for (int i = 0; i < per_graph; ++i) {

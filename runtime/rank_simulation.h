@@ -9,7 +9,6 @@
 #pragma once
 #include <vector>
 
-#include "collective_slots.h"
 #include "collectives.h"
 #include "device_arena.h"
 
@@ -18,21 +17,14 @@ namespace ddtree {
 class RankSimulation final : public Collectives {
   public:
     RankSimulation(int ranks, std::vector<int> held, int max_rows, int width, DeviceArena& arena);
-    int ranks() const override { return ranks_; }
     const std::vector<int>& held() const { return held_; }
-    kernels::bf16* partial_slot(int rank, size_t count) override;
-    void sum_partials(int terms, int rows, int width, kernels::bf16* out, cudaStream_t stream) override;
-    kernels::RankCandidate* candidate_slot(int rank, int rows) override;
-    void pick(int rows, int32_t* tokens, cudaStream_t stream) override;
 
   private:
-    // Copies the first held rank's slot of `bytes` (slots `bytes` apart from `base`) over every rank not held.
-    void stand_in_for_peers(uint8_t* base, size_t bytes, cudaStream_t stream) const;
+    // Copies the first held rank's part over every rank not held.
+    void fill_peers(uint8_t* base, size_t bytes, cudaStream_t stream) override;
 
-    int ranks_;
     std::vector<int> held_;
     std::vector<bool> is_held_;
-    CollectiveSlots slots_;
 };
 
 }  // namespace ddtree

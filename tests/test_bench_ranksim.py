@@ -34,8 +34,7 @@ def test_projects_a_committed_measurement_again(tmp_path: Path) -> None:
     assert _rounded(report["projection"]) == _rounded(committed["projection"]), \
         "rerun tools/bench_ranksim.py --from-json on the committed report: the cost model changed"
     for p in report["projection"]:
-        low, high = p["ar_step_ms"]
-        assert 0 < low <= high and p["ar_collectives_ms"] > 0  # equal once the stand-ins' time is measured
+        assert p["ar_step_ms"] > p["ar_collectives_ms"] > 0
         assert [d["budget"] for d in p["ddtree"]] == [8, 32]
         assert all(d["round_ms"] > d["collectives_ms"] > 0 and d["model_rank_round_ms"] > 0 for d in p["ddtree"])
     text = (tmp_path / "ranksim.md").read_text()

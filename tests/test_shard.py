@@ -117,6 +117,13 @@ def test_the_cross_rank_pick_is_exact(ranks: int, temperature: float) -> None:
         assert pick_across_ranks(candidates)[3] == 17
 
 
+def test_the_pick_takes_int32_ids() -> None:
+    """Ids as the runtime's candidates hold them (int32): the sentinel of the tie-break must not wrap."""
+    values = [np.array([1.0, 2.0, -np.inf], np.float32), np.array([1.0, 3.0, -np.inf], np.float32)]
+    ids = [np.array([5, 7, 1], np.int32), np.array([4, 9, 2], np.int32)]
+    np.testing.assert_array_equal(pick_across_ranks(list(zip(values, ids))), [4, 9, 0])
+
+
 def test_sharded_greedy_tokens_equal_the_whole_model(tiny: ReferenceModel) -> None:
     sharded = ShardedReference(tiny, 2)
     cache = tiny.new_cache()

@@ -102,18 +102,21 @@ def measure_rounds(engine: Engine, cfg, dcfg: DrafterConfig, bw: float, label: s
     return out
 
 
-def measure_throughput(engine: Engine, cfg, depth: int) -> list[dict]:
-    """Tokens/s per stream count: AR, and DDTree with oracle candidates at each acceptance profile and budget."""
+def measure_throughput(engine: Engine, cfg, depth: int, streams_list=STREAMS, budgets=BUDGETS,
+                       means=MEAN_ACCEPTED, new_tokens: int = NEW_TOKENS, prompts_of=None) -> list[dict]:
+    """Tokens/s per stream count: AR, and DDTree with oracle candidates at each acceptance profile and budget, each
+    timed on its second run (the first captures the graphs). prompts_of(streams) gives the prompts (default
+    prompts_for, seeded by the stream count)."""
     out = []
-    for streams in STREAMS:
-        prompts = prompts_for(cfg, streams, streams)
-        decode_ar(engine, prompts, NEW_TOKENS)
-        ar = decode_ar(engine, prompts, NEW_TOKENS)
-        for mean in MEAN_ACCEPTED:
+    for streams in streams_list:
+        prompts = prompts_of(streams) if prompts_of is not None else prompts_for(cfg, streams, streams)
+        decode_ar(engine, prompts, new_tokens)
+        ar = decode_ar(engine, prompts, new_tokens)
+        for mean in means:
             hit = [hit_for(mean, depth)] * depth
-            for budget in BUDGETS:
-                decode_ddtree(engine, prompts, NEW_TOKENS, budget, reference=ar.tokens, hit=hit)
-                run = decode_ddtree(engine, prompts, NEW_TOKENS, budget, reference=ar.tokens, hit=hit)
+            for budget in budgets:
+                decode_ddtree(engine, prompts, new_tokens, budget, reference=ar.tokens, hit=hit)
+                run = decode_ddtree(engine, prompts, new_tokens, budget, reference=ar.tokens, hit=hit)
                 assert run.tokens == ar.tokens, "DDTree tokens differ from AR's"
                 out.append({"streams": streams, "budget": budget, "target_mean_accept": mean,
                             "mean_accept": run.mean_accept, "ddtree_tokens_per_s": run.tokens_per_second,

@@ -11,8 +11,8 @@ whole on every GPU. At 1, 4 and 16 streams and --context tokens:
   than the whole one's, so its tokens are its own);
 - the per-stage device time of the G-GPU DDTree round (eager, profile=True), the collectives inside its stages;
 - one partial-sum exchange at each forward's row count (AR: streams rows; verify: streams x (budget + 1) rows, the
-  MoE's two terms): the NCCL gather then rank-order sum the runtime uses against a plain ncclAllReduce of the same
-  partial sums (_native.kernels.nccl_exchange_seconds), and 2 x layers of them per forward.
+  MoE's two terms, or one): the NCCL gather then rank-order sum the runtime uses against a plain ncclAllReduce of
+  the same partial sums (_native.kernels.nccl_exchange_seconds), and a forward's sum of them.
 Writes multigpu.json and multigpu.md to --out. Refuses, with one line, on fewer than 2 GPUs.
 """
 
@@ -26,12 +26,12 @@ from pathlib import Path
 import torch
 
 from ddtree import Engine
-from ddtree.bench.oracle import decode_ar, decode_ddtree, hit_for, random_prompts
+from ddtree.bench.oracle import decode_ar, hit_for, random_prompts
 from ddtree.device import device_info
 from ddtree.nccl import nccl_library
 from ddtree.presets import preset_config
 
-from bench_ddtree import drafter
+from bench_ddtree import drafter, measure_throughput
 from bench_report import start_report
 from cuda_timing import copy_bandwidth
 
@@ -39,21 +39,13 @@ STREAMS = (1, 4, 16)
 BUDGETS = (8, 32)
 BLOCK = 8
 NEW_TOKENS = 32
-TERMS = 2  # a MoE layer's shared and routed experts
 
 
-def throughput(engine: Engine, cfg, streams: int, context: int, mean_accept: float) -> dict:
-    prompts = random_prompts(cfg.vocab_size, streams, context - NEW_TOKENS - BLOCK, seed=streams)
-    ar = decode_ar(engine, prompts, NEW_TOKENS)
-    row = {"streams": streams, "ar_tok_s": ar.tokens_per_second}
-    hit = [hit_for(mean_accept, BLOCK - 1)] * (BLOCK - 1)
-    for budget in BUDGETS:
-        tree = decode_ddtree(engine, prompts, NEW_TOKENS, budget, reference=ar.tokens, hit=hit)
-        if tree.tokens != ar.tokens:
-            raise RuntimeError(f"DDTree tokens differ from AR's at {streams} streams, budget {budget}")
-        row[f"ddtree_{budget}_tok_s"] = tree.tokens_per_second
-        row[f"ddtree_{budget}_accept"] = tree.mean_accept
-    return row
+def throughput(engine: Engine, cfg, context: int, mean_accept: float) -> list[dict]:
+    """bench_ddtree's throughput rows (warm, DDTree's tokens checked equal to AR's) at this benchmark's sizes."""
+    return measure_throughput(
+        engine, cfg, BLOCK - 1, STREAMS, BUDGETS, (mean_accept,), NEW_TOKENS,
+        lambda streams: random_prompts(cfg.vocab_size, streams, context - NEW_TOKENS - BLOCK, seed=streams))
 
 
 def stages(engine: Engine, cfg, context: int, mean_accept: float) -> dict[str, float]:
@@ -67,15 +59,25 @@ def stages(engine: Engine, cfg, context: int, mean_accept: float) -> dict[str, f
     return {name: seconds / rounds for name, seconds in out["stages"]}
 
 
-def exchanges(library: str, devices: list[int], hidden: int, layers: int) -> list[dict]:
+def exchanges(library: str, devices: list[int], cfg) -> list[dict]:
+    """One partial-sum exchange of 1 and of 2 terms at each forward's row count, and a forward's sum of them: one
+    term after each attention and dense MLP, two after each MoE MLP (the runtime's collective points; the LM
+    head's pick of a few bytes a row left out)."""
     from ddtree import _native
 
+    dense = cfg.first_k_dense_replace
+    one_term, two_terms = cfg.num_hidden_layers + dense, cfg.num_hidden_layers - dense
     rows_list = sorted(set(STREAMS) | {s * (b + 1) for s in STREAMS for b in BUDGETS})
     out = []
     for rows in rows_list:
-        gathered, reduced = _native.kernels.nccl_exchange_seconds(library, devices, TERMS, rows, hidden)
-        out.append({"rows": rows, "gather_sum_us": gathered * 1e6, "all_reduce_us": reduced * 1e6,
-                    "per_forward_gather_sum_ms": 2 * layers * gathered * 1e3})
+        gathered, reduced = {}, {}
+        for terms in (1, 2):
+            gathered[terms], reduced[terms] = _native.kernels.nccl_exchange_seconds(library, devices, terms, rows,
+                                                                                    cfg.hidden_size)
+        out.append({"rows": rows, "gather_sum_us": gathered[2] * 1e6, "all_reduce_us": reduced[2] * 1e6,
+                    "one_term_gather_sum_us": gathered[1] * 1e6, "one_term_all_reduce_us": reduced[1] * 1e6,
+                    "per_forward_gather_sum_ms": (one_term * gathered[1] + two_terms * gathered[2]) * 1e3,
+                    "per_forward_all_reduce_ms": (one_term * reduced[1] + two_terms * reduced[2]) * 1e3})
     return out
 
 
@@ -86,16 +88,20 @@ def write_reports(out: Path, report: dict) -> None:
               "| streams | GPUs | AR tok/s | " + " | ".join(f"DDTree b{b} tok/s" for b in BUDGETS) + " |",
               "|---:|---:|---:|" + "---:|" * len(BUDGETS)]
     for n_gpus, rows in (("1", report["one_gpu"]), (str(g), report["split"])):
-        for r in rows:
-            lines.append(f"| {r['streams']} | {n_gpus} | {r['ar_tok_s']:.0f} | " +
-                         " | ".join(f"{r[f'ddtree_{b}_tok_s']:.0f}" for b in BUDGETS) + " |")
+        for streams in STREAMS:
+            by_budget = {r["budget"]: r for r in rows if r["streams"] == streams}
+            lines.append(f"| {streams} | {n_gpus} | {by_budget[BUDGETS[0]]['ar_tokens_per_s']:.0f} | " +
+                         " | ".join(f"{by_budget[b]['ddtree_tokens_per_s']:.0f}" for b in BUDGETS) + " |")
     lines += ["", f"Stages of a {g}-GPU budget-{max(BUDGETS)} round at 4 streams (eager, device ms per round):", ""]
     lines += [f"- {name}: {seconds * 1e3:.3f}" for name, seconds in report["stages"].items()]
-    lines += ["", "One partial-sum exchange (2 terms x rows x hidden bf16), the slowest rank's median:", "",
-              "| rows | gather + rank-order sum (us) | ncclAllReduce (us) | per forward, gather + sum (ms) |",
-              "|---:|---:|---:|---:|"]
-    lines += [f"| {e['rows']} | {e['gather_sum_us']:.1f} | {e['all_reduce_us']:.1f} | "
-              f"{e['per_forward_gather_sum_ms']:.2f} |" for e in report["exchanges"]]
+    lines += ["", "One partial-sum exchange (terms x rows x hidden bf16), the slowest rank's median, and a forward's "
+              "(one term after each attention and dense MLP, two after each MoE MLP):", "",
+              "| rows | gather + sum, 1 / 2 terms (us) | ncclAllReduce, 1 / 2 terms (us) | per forward, gather + sum / "
+              "all-reduce (ms) |", "|---:|---:|---:|---:|"]
+    lines += [f"| {e['rows']} | {e['one_term_gather_sum_us']:.1f} / {e['gather_sum_us']:.1f} | "
+              f"{e['one_term_all_reduce_us']:.1f} / {e['all_reduce_us']:.1f} | "
+              f"{e['per_forward_gather_sum_ms']:.2f} / {e['per_forward_all_reduce_ms']:.2f} |"
+              for e in report["exchanges"]]
     (out / "multigpu.md").write_text("\n".join(lines) + "\n")
 
 
@@ -123,12 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     for key, kwargs in (("one_gpu", {}), ("split", {"devices": devices})):
         engine = Engine.random(cfg, streams=max(STREAMS), max_context=args.context, budget=max(BUDGETS),
                                drafter=dcfg, **kwargs)
-        report[key] = [throughput(engine, cfg, s, args.context, args.mean_accept) for s in STREAMS]
+        report[key] = throughput(engine, cfg, args.context, args.mean_accept)
         if key == "split":
             report["stages"] = stages(engine, cfg, args.context, args.mean_accept)
         del engine
         print(f"{key} measured after {time.time() - start:.0f} s", flush=True)
-    report["exchanges"] = exchanges(library, devices, cfg.hidden_size, args.layers)
+    report["exchanges"] = exchanges(library, devices, cfg)
     write_reports(args.out, report)
     print(f"wrote {args.out}/multigpu.json, {args.out}/multigpu.md")
     return 0

@@ -17,8 +17,7 @@ the Kimi-K2.5-DFlash shape (6 layers, block 8, taps 1 12 24 35 47 58) holding th
 - ddtree.estimate's model of the same rank (fitted on 4-layer engines, so these are held out), step and rounds;
 - an 8 x H200 projection: the measured step and round less their in-graph local collectives, plus the modelled
   NCCL all-gathers of the runtime's design (ddtree.estimate's gathered_collectives_ms: latency + bytes over NVLink,
-  not measured). Reports from before the in-graph time was measured give AR as a range (the stand-ins kept, or
-  their eager time removed) and DDTree with them kept.
+  not measured).
 Writes ranksim.json and ranksim.md to --out. About 3-5 minutes on one H200; --from-json projects a committed
 ranksim.json again with the current model, on any machine.
 """
@@ -43,7 +42,7 @@ from ddtree.engine import engine_dims
 from ddtree.estimate import GPUS, Layout
 from ddtree.estimate.round_cost import fitted
 from ddtree.presets import preset_config
-from ddtree.shard import Shard
+from ddtree.shard import Shard, shard_layout
 
 from bench_report import start_report
 from cuda_timing import copy_bandwidth
@@ -70,9 +69,10 @@ def experts_touched(engine: Engine, n: int) -> tuple[float, float]:
     eager forward of n random tokens at the step's positions (the timed steps sample theirs at T = 1)."""
     ids = np.random.default_rng(n).integers(0, engine.config.vocab_size, n).tolist()
     _, routing = engine.native.forward_logits(ids, list(range(n)), [CONTEXT - 1] * n, with_routing=True)
-    per_rank = engine.config.n_routed_experts // RANKS
+    layout = shard_layout(engine.config, engine.shard)
     touched = [np.unique(layer) for layer in routing]
-    local = [np.count_nonzero((t >= RANK * per_rank) & (t < (RANK + 1) * per_rank)) for t in touched]
+    local = [np.count_nonzero((t >= layout.first_expert) & (t < layout.first_expert + layout.experts))
+             for t in touched]
     return float(np.mean([len(t) for t in touched])), float(np.mean(local))
 
 
@@ -98,7 +98,7 @@ def measure(engine: Engine, iters: int) -> list[dict]:
     return rows
 
 
-def measure_rounds(engine: Engine, cfg, mean_accept: float) -> list[dict]:
+def measure_rounds(engine: Engine, cfg, mean_accept: float, iters: int) -> list[dict]:
     """Per-rank DDTree rounds with oracle candidates at `mean_accept`, prompts of CONTEXT - NEW_TOKENS tokens."""
     depth = engine.drafter_config.block_size - 1
     hit = [hit_for(mean_accept, depth)] * depth
@@ -113,7 +113,7 @@ def measure_rounds(engine: Engine, cfg, mean_accept: float) -> list[dict]:
             rows.append({"streams": n, "budget": budget, "round_ms": dd.round_seconds * 1e3,
                          "mean_accept": dd.mean_accept, "exact": exact,
                          "host_us_per_round": dd.host_seconds_per_round * 1e6,
-                         "collectives_in_graph_ms": engine.native.time_collectives(n * (budget + 1), 20) * 1e3})
+                         "collectives_in_graph_ms": engine.native.time_collectives(n * (budget + 1), iters) * 1e3})
             print(f"rank {RANK} of {RANKS}: {n} streams, budget {budget}: {dd.round_seconds * 1e3:.3f} ms/round, "
                   f"accept {dd.mean_accept:.2f}, tokens equal AR's: {exact}", flush=True)
     return rows
@@ -129,18 +129,15 @@ def project(measured: list[dict], rounds: list[dict]) -> list[dict]:
         n = m["streams"]
         gathers = model.gathered_collectives_ms(lay, n)
         ar_model = model.ar_step(lay, n, m["context"])
-        if "collectives_in_graph_ms" in m:  # the stand-ins' and sums' own time, measured in a graph
-            low = high = m["step_ms"] - m["collectives_in_graph_ms"] + gathers
-        else:  # reports from before it was measured: between keeping them and removing their eager time
-            low, high = m["step_ms"] - m["local_collectives_ms"] + gathers, m["step_ms"] + gathers
-        row = {"streams": n, "ar_step_ms": [low, high], "ar_tokens_per_s": [n / high * 1e3, n / low * 1e3],
-               "ar_collectives_ms": gathers, "rank_step_ms": m["step_ms"] - m.get("collectives_in_graph_ms", 0.0),
+        rank_ms = m["step_ms"] - m["collectives_in_graph_ms"]  # less the stand-ins' and sums' in-graph time
+        row = {"streams": n, "ar_step_ms": rank_ms + gathers, "ar_tokens_per_s": n / (rank_ms + gathers) * 1e3,
+               "ar_collectives_ms": gathers, "rank_step_ms": rank_ms,
                "model_rank_step_ms": ar_model.total - ar_model.collectives, "model_ar_step_ms": ar_model.total,
                "model_experts_per_layer": model.routing.active(n, 1), "ddtree": []}
         for r in (r for r in rounds if r["streams"] == n):
             b = model.round(lay, n, r["budget"], m["context"], r["mean_accept"])
             collectives = model.gathered_collectives_ms(lay, n * (r["budget"] + 1))
-            rank_ms = r["round_ms"] - r.get("collectives_in_graph_ms", 0.0)
+            rank_ms = r["round_ms"] - r["collectives_in_graph_ms"]
             round_ms = rank_ms + collectives
             row["ddtree"].append({"budget": r["budget"], "rank_round_ms": rank_ms, "round_ms": round_ms,
                                   "collectives_ms": collectives, "mean_accept": r["mean_accept"],
@@ -163,8 +160,9 @@ def write_reports(out: Path, report: dict) -> None:
                      f"{m['local_collectives_ms']:.3f} | {'-' if in_graph is None else f'{in_graph:.3f}'} |")
     if all("experts_per_layer" in m for m in report["measured"]):
         experts = report["routed_experts"]
-        lines += ["", "Routed experts per MoE layer that a step's rows choose (an eager forward of random tokens at the "
-                  "step's positions; mean over layers), against ddtree.estimate's routing fit (4-layer engines):", "",
+        lines += ["", "Routed experts per MoE layer that a step's rows choose (an eager forward of random tokens at "
+                  "the step's positions; mean over layers), against ddtree.estimate's routing fit (4-layer engines):",
+                  "",
                   f"| streams | of the {experts} | of this rank's {experts // RANKS} | model, of the {experts} |",
                   "|---|---|---|---|"]
         for m, p in zip(report["measured"], report["projection"]):
@@ -177,8 +175,7 @@ def write_reports(out: Path, report: dict) -> None:
                      f"{r['host_us_per_round']:.1f} | {'yes' if r['exact'] else 'NO'} |")
     lines += ["", "## ddtree.estimate's model of this rank (fitted on 4-layer engines: held out)", "",
               "The model's rank forward has no collectives. Measured: the rank's step and round less their "
-              "collectives (the stand-in copies and rank-order sums) timed apart in a graph, where the report holds "
-              "that time; else with them, so the model should come out below by up to their time.", "",
+              "collectives (the stand-in copies and rank-order sums) timed apart in a graph.", "",
               "| streams | budget | measured ms | model ms | model error |", "|---|---|---|---|---|"]
     for p in report["projection"]:
         lines.append(f"| {p['streams']} | AR | {p['rank_step_ms']:.2f} | {p['model_rank_step_ms']:.2f} | "
@@ -187,22 +184,17 @@ def write_reports(out: Path, report: dict) -> None:
             lines.append(f"| {p['streams']} | {d['budget']} | {d['rank_round_ms']:.2f} | "
                          f"{d['model_rank_round_ms']:.2f} | {d['model_rank_round_ms'] / d['rank_round_ms'] - 1:+.1%} |")
     lines += ["", "## 8 x H200 projection", "",
-              "The rank's measured step and round, less their local collectives where the report holds their time "
-              "in a graph, plus the modelled NCCL all-gathers of the runtime's design (not measured: "
-              "ddtree.estimate's latency and NVLink bytes). Without that time, AR is a range from keeping the "
-              "stand-ins (the slower end) to removing their eager time, sums included (the faster end), and DDTree "
-              "keeps them. DDTree at the round's measured acceptance; model: ddtree.estimate's 8 x H200 round at the "
-              "same acceptance.", "",
+              "The rank's measured step and round, less their local collectives timed in a graph, plus the "
+              "modelled NCCL all-gathers of the runtime's design (not measured: ddtree.estimate's latency and "
+              "NVLink bytes). DDTree at the round's measured acceptance; model: ddtree.estimate's 8 x H200 round at "
+              "the same acceptance.", "",
               "| streams | AR ms | AR tok/s | gathers ms | model AR ms | "
               + " | ".join(f"DDTree b={b} ms | tok/s | model tok/s" for b in BUDGETS) + " |",
               "|---|---|---|---|---|" + "---|---|---|" * len(BUDGETS)]
     for p in report["projection"]:
         cells = " | ".join(f"{d['round_ms']:.2f} | {d['tokens_per_s']:.0f} | {d['model_tokens_per_s']:.0f}"
                            for d in p["ddtree"])
-        (low, high), (slow, fast) = p["ar_step_ms"], p["ar_tokens_per_s"]
-        ar_ms = f"{low:.2f}" if low == high else f"{low:.2f}-{high:.2f}"
-        ar_tps = f"{slow:.0f}" if low == high else f"{slow:.0f}-{fast:.0f}"
-        lines.append(f"| {p['streams']} | {ar_ms} | {ar_tps} | "
+        lines.append(f"| {p['streams']} | {p['ar_step_ms']:.2f} | {p['ar_tokens_per_s']:.0f} | "
                      f"{p['ar_collectives_ms']:.3f} | {p['model_ar_step_ms']:.2f} | {cells} |")
     lines += ["", "### Step breakdown (eager step, one op at a time, ms summed over layers)", ""]
     for m in report["measured"]:
@@ -213,7 +205,7 @@ def write_reports(out: Path, report: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="report folder")
-    parser.add_argument("--iters", type=int, default=20, help="replays per stream count (default 20)")
+    parser.add_argument("--iters", type=int, default=20, help="replays per timing (default 20)")
     parser.add_argument("--mean-accept", type=float, default=4.0,
                         help="the oracle's target tokens committed per round per stream (default 4)")
     parser.add_argument("--from-json", type=Path, default=None, metavar="RANKSIM_JSON",
@@ -236,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                            drafter=kimi_dflash(cfg), shard=Shard(RANK, RANKS))
     print(f"engine of rank {RANK} of {RANKS} ready in {time.time() - start:.0f} s", flush=True)
     measured = measure(engine, args.iters)
-    rounds = measure_rounds(engine, cfg, args.mean_accept)
+    rounds = measure_rounds(engine, cfg, args.mean_accept, args.iters)
     from ddtree import _native
 
     plan = _native.plan_memory(engine_dims(cfg), RANK, RANKS, 1, max(STREAMS), 2 * CONTEXT, 0)

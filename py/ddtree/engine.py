@@ -107,10 +107,9 @@ def upload_drafter_tensors(weights: Mapping[str, np.ndarray], upload: Callable[[
 def _native_engine(cfg: ModelConfig, streams: int, max_context: int, budget: int, device: int,
                    drafter: dict[str, Any] | None, shard: Shard, all_ranks: bool,
                    devices: tuple[int, ...] | None) -> Any:
-    from ddtree.device import device_info
+    from ddtree.device import has_cuda_device
 
-    present = len(device_info().devices)
-    if present == 0:
+    if not has_cuda_device():
         raise RuntimeError("ddtree.Engine needs a CUDA device, and none is present (the numpy reference "
                            "ddtree.reference runs without one)")
     from ddtree import _native
@@ -120,9 +119,6 @@ def _native_engine(cfg: ModelConfig, streams: int, max_context: int, budget: int
             max_context, budget)
     if devices is None:
         return _native_call(_native.Engine, *args, device, drafter, shard.rank, shard.ranks, all_ranks)
-    missing = [d for d in devices if d >= present]
-    if missing:
-        raise RequestError(f"devices: device {missing[0]} does not exist ({present} CUDA devices)")
     return _native_call(_native.MultiGpuEngine, *args, list(devices), nccl_library(), drafter)
 
 
@@ -252,11 +248,11 @@ class Engine:
 
     def _create(self, cfg: ModelConfig, streams: int, max_context: int, budget: int | None, device: int,
                 drafter: DrafterConfig | None, draft_window: int | None, shard: Shard | None,
-                all_ranks: bool, devices: Sequence[int] | None = None) -> None:
+                all_ranks: bool, devices: Sequence[int] | None) -> None:
         _check_supported(cfg)
-        self.devices = check_devices(devices, shard, all_ranks)
-        if self.devices is not None:
-            shard = Shard(0, len(self.devices))
+        devices = check_devices(devices, shard, all_ranks)
+        if devices is not None:
+            shard = Shard(0, len(devices))
         shard = Shard() if shard is None else shard
         if not isinstance(shard, Shard):
             raise RequestError(f"shard must be a ddtree.shard.Shard or None, got {shard!r:.80}")
@@ -273,7 +269,7 @@ class Engine:
         self.drafter_config, self.draft_window = drafter, draft_window
         spec = None if drafter is None else drafter_spec(drafter, draft_window)
         self._native = _native_engine(cfg, streams, max_context, budget, device, spec, shard, bool(all_ranks),
-                                      self.devices)
+                                      devices)
 
     @property
     def native(self) -> Any:

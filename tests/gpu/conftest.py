@@ -4,6 +4,7 @@ the reason."""
 from __future__ import annotations
 
 import gc
+import inspect
 import json
 import os
 import time
@@ -47,9 +48,10 @@ _REASON = _skip_reason()
 #   drafter's own candidates still run, the same graph buckets and GEMM row counts, on one or two rounds each), and
 #   one temperature per (model, streams) instead of both: temperature index (model index + streams index) % 2, so
 #   every model preset (tiny, small, tiny-fused, k2-layers) and every stream count (1, 3, 16) runs greedy and
-#   sampled (the other 12 (model, streams, temperature) cases' 84 tests are deselected at collection, sanitize_keep). k2-layers has 2 layers (the dense one
-#   and one MoE layer: the target's kernel instantiations; its drafter then taps one layer instead of two) instead
-#   of 3. Its acceptance statistics are left to the plain run: a round or two per budget are too few to hold a mean.
+#   sampled (the other 12 (model, streams, temperature) cases' 84 tests are deselected at collection,
+#   sanitize_keep). k2-layers has 2 layers (the dense one and one MoE layer: the target's kernel instantiations; its
+#   drafter then taps one layer instead of two) instead of 3. Its acceptance statistics are left to the plain run: a
+#   round or two per budget are too few to hold a mean.
 # - test_streams_stop_at_different_rounds: 10 new tokens, the stop ids taken at tokens 2 and 7 instead of 9 and 30,
 #   and only the oracle's pass (commits of several tokens reach the stops at different rounds); the drafter's pass
 #   and the Python API's run the same kernels.
@@ -82,6 +84,11 @@ def sanitize_keep(keep):
     return mark
 
 
+def _named(keep, params: dict) -> dict:
+    """The parameters a sanitize_keep predicate names: adding a parametrization to its test leaves it as it is."""
+    return {name: params[name] for name in inspect.signature(keep).parameters}
+
+
 def pytest_report_header(config: pytest.Config) -> str | None:
     return "ddtree GPU tests: sanitizer mode (DDTREE_SANITIZE=1), repetition trimmed" if sanitizing() else None
 
@@ -92,7 +99,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             keep = getattr(getattr(item, "function", None), "sanitize_keep", None)
             params = item.callspec.params if hasattr(item, "callspec") else {}
-            (kept if keep is None or keep(**params) else dropped).append(item)
+            (kept if keep is None or keep(**_named(keep, params)) else dropped).append(item)
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = kept

@@ -18,6 +18,7 @@ from ddtree import bf16
 from ddtree.device import device_info
 from ddtree.errors import RequestError
 from ddtree.nccl import nccl_library
+from ddtree.reference.sharded import pick_across_ranks, rank_order_sum
 from ddtree.shard import Shard
 from engine_models import model_config
 
@@ -36,22 +37,6 @@ def _gpus(n: int) -> tuple[int, ...]:
     return tuple(range(n))
 
 
-def _expected_exchange(parts: np.ndarray, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """parts bf16 bits [ranks, terms, rows, width]; candidates [ranks, rows] of (value, id): the fp32 sum over ranks
-    then terms rounded once to bf16, and the best candidate per row (ties to the lower id)."""
-    values = bf16.to_float32(parts)
-    total = np.zeros(values.shape[2:], dtype=np.float32)
-    for r in range(values.shape[0]):
-        for t in range(values.shape[1]):
-            total = total + values[r, t]
-    tokens = []
-    for row in range(candidates.shape[1]):
-        best = min(((-float(candidates[r, row]["value"]), int(candidates[r, row]["id"]))
-                    for r in range(candidates.shape[0])))
-        tokens.append(best[1] if np.isfinite(best[0]) else 0)
-    return bf16.from_float32(total), np.array(tokens, dtype=np.int32)
-
-
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_nccl_exchange_in_a_graph(ranks: int) -> None:
     from ddtree import _native
@@ -67,7 +52,8 @@ def test_nccl_exchange_in_a_graph(ranks: int) -> None:
              for r in range(ranks)]
     sums, tokens = _native.kernels.nccl_exchange_check(library, list(devices), terms, rows, width,
                                                        [p.ravel().tolist() for p in parts], pairs)
-    want_sums, want_tokens = _expected_exchange(parts, candidates)
+    want_sums = bf16.from_float32(rank_order_sum(bf16.to_float32(parts)))  # rounded once to bf16
+    want_tokens = pick_across_ranks([(candidates[r]["value"], candidates[r]["id"]) for r in range(ranks)])
     for r in range(ranks):
         np.testing.assert_array_equal(np.array(sums[r], dtype=np.uint16).reshape(rows, width), want_sums)
         np.testing.assert_array_equal(np.array(tokens[r]), want_tokens)

@@ -72,10 +72,10 @@ def attention_features(p: dict, gpu: GpuSpec, gpus: int) -> list[float]:
 
 def draft_attention_features(p: dict, gpu: GpuSpec, gpus: int) -> list[float]:
     """The drafter's GQA block attention per layer: each stream's draft KV once and the block rows over the
-    context and the block. The drafter is whole on every GPU, so `gpus` does not divide it."""
+    context and the block (KV heads split G ways)."""
     layers, keys = p["layers"], p["context"] + shapes.DRAFT_BLOCK
-    return [*_per_launch(p), layers * _bytes_ms(p["streams"] * keys * shapes.DRAFT_KV_ROW_BYTES, gpu),
-            layers * _flops_ms(p["rows"] * keys * shapes.DRAFT_ATTENTION_FLOPS_PER_KEY, gpu)]
+    return [*_per_launch(p), layers * _bytes_ms(p["streams"] * keys * shapes.DRAFT_KV_ROW_BYTES / gpus, gpu),
+            layers * _flops_ms(p["rows"] * keys * shapes.DRAFT_ATTENTION_FLOPS_PER_KEY / gpus, gpu)]
 
 
 def small_op_features(p: dict, gpu: GpuSpec, gpus: int) -> list[float]:

@@ -56,7 +56,7 @@ def pick_across_ranks(candidates: Sequence[tuple[np.ndarray, np.ndarray]]) -> np
     """The token per row from every rank's (value, id) candidates, in rank order: the highest value, ties to the
     lower id; a row where no rank has a value above -inf gives token 0 (as the single-GPU sampler does)."""
     values = np.stack([v for v, _ in candidates])  # [ranks, rows]
-    ids = np.stack([i for _, i in candidates])
+    ids = np.stack([i for _, i in candidates]).astype(np.int64)  # int32 ids would wrap the sentinel below
     best_value = values.max(axis=0)
     chosen = np.where(values == best_value[None], ids, np.iinfo(np.int64).max).min(axis=0)
     return np.where(np.isneginf(best_value), 0, chosen).astype(np.int64)
