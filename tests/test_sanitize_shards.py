@@ -153,6 +153,23 @@ def test_summary_of_racecheck_counts_errors_and_warnings() -> None:
     assert failed and line.startswith("racecheck: 10 errors, 2 warnings over 1 shards")
 
 
+def test_a_cut_shard_counts_the_reports_it_printed() -> None:
+    text = ("========= COMPUTE-SANITIZER\n..\n"
+            "========= Invalid __global__ read of size 4 bytes\n=========     at kernel()+0x10\n=========\n"
+            "========= Error: Race reported between Write access at 0x1 and Read access at 0x2\n"
+            "========= Warning: Race reported between Read access at 0x3 and Write access at 0x4\n"
+            "========= Error: process didn't terminate successfully\n"
+            "gpu_suite: shard exit 124 after 540 s\n")
+    report = shards.shard_report(text)
+    assert (report["errors"], report["warnings"], report["summary"]) == (2, 1, False)
+    clean = shards.shard_report(MEMCHECK_LOG)
+    line, failed = shards.summary_line("racecheck", [("a.log", report), ("b.log", clean)])
+    assert failed and line.startswith("racecheck: 2 errors, 1 warnings over 2 shards"), line
+    assert "a.log: no sanitizer summary (2 errors printed before it ended)" in line, line
+    clean_cut = shards.shard_report("========= COMPUTE-SANITIZER\n....\ngpu_suite: shard exit 124 after 540 s\n")
+    assert (clean_cut["errors"], clean_cut["summary"]) == (0, False)
+
+
 def _jsonl(path: Path, phases: list[tuple], at: float = 0.0) -> Path:
     """Records of (node id, phase, seconds[, outcome: passed when left out])."""
     path.write_text("".join(json.dumps({"nodeid": n, "when": w, "seconds": s, "outcome": (*rest, "passed")[0],

@@ -17,9 +17,10 @@ estimated seconds.
 
 `summary` reads the shards' logs (each ending in the line `gpu_suite: shard exit RC after S s` that
 tools/gpu_suite.sh appends) and prints one line: the sanitizer's errors (and racecheck's warnings) over every
-shard's ERROR / RACECHECK SUMMARY, the tests passed and failed (for a shard cut before pytest's last line, from the
-.times.jsonl beside its log), and every shard that failed, timed out or has no summary, or whose process ended
-with native objects alive (nanobind's leak report). Its exit status is 1 if any shard did.
+shard's ERROR / RACECHECK SUMMARY (for a shard cut before it, the reports printed until then), the tests passed
+and failed (for a shard cut before pytest's last line, from the .times.jsonl beside its log), and every shard that
+failed, timed out or has no summary, or whose process ended with native objects alive (nanobind's leak report).
+Its exit status is 1 if any shard did.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ PYTEST_FINAL = re.compile(r"\bin \d+(\.\d+)?s\b")
 NANOBIND_REPORT = "nanobind: leaked"  # its report of objects, types or functions alive at exit
 NANOBIND_LEAKS = re.compile(r"nanobind: leaked (\d+) instances?")
 TIMED_OUT = {124, 137}  # timeout(1): the step ran past its limit (TERM, then KILL)
+# A report's first line is the sanitizer's prefix and an unindented text (its details are indented); these unindented
+# lines are the tool's own, not reports. A shard cut before its summary is judged by its reports printed so far.
+SANITIZER_LINE = re.compile(r"^========= (\S.*)$", re.MULTILINE)
+NOT_A_REPORT = ("COMPUTE-SANITIZER", "ERROR SUMMARY", "RACECHECK SUMMARY", "LEAK SUMMARY",
+                "Error: process didn't terminate successfully", "Target application returned an error")
 
 
 # ---- split ------------------------------------------------------------------------------------------------------
@@ -216,15 +222,23 @@ def times_counts(jsonl_text: str) -> dict[str, int]:
 
 def shard_report(text: str, times_text: str | None = None) -> dict:
     """What one shard's log says: exit status and seconds (None when the line is missing), sanitizer errors and
-    warnings (None without a summary), pytest's counts (without its final line, those of the shard's .jsonl times
-    when given, else empty), and whether nanobind reported native objects alive at the interpreter's exit (an
-    engine kept past its test), with the instances it counted."""
+    warnings (without a summary: the reports printed before the cut, `summary` False), pytest's counts (without
+    its final line, those of the shard's .jsonl times when given, else empty), and whether nanobind reported
+    native objects alive at the interpreter's exit (an engine kept past its test), with the instances it
+    counted."""
     exit_line = EXIT_LINE.findall(text)
     rc, seconds = (int(exit_line[-1][0]), int(exit_line[-1][1])) if exit_line else (None, None)
     race = RACECHECK_SUMMARY.findall(text)
     plain = ERROR_SUMMARY.findall(text)
-    errors, warnings = ((int(race[-1][0]), int(race[-1][1])) if race else
-                        (int(plain[-1]), 0) if plain else (None, None))
+    has_summary = bool(race or plain)
+    if race:
+        errors, warnings = int(race[-1][0]), int(race[-1][1])
+    elif plain:
+        errors, warnings = int(plain[-1]), 0
+    else:
+        reports = [line for line in SANITIZER_LINE.findall(text) if not line.startswith(NOT_A_REPORT)]
+        warnings = sum(line.startswith("Warning") for line in reports)
+        errors = len(reports) - warnings
     counts: dict[str, int] = {}
     finals = [line for line in text.splitlines() if PYTEST_FINAL.search(line) and PYTEST_COUNTS.search(line)]
     if finals:
@@ -233,12 +247,13 @@ def shard_report(text: str, times_text: str | None = None) -> dict:
     elif times_text is not None:
         counts = times_counts(times_text)
     leaked = sum(int(n) for n in NANOBIND_LEAKS.findall(text)) if NANOBIND_REPORT in text else None
-    return {"rc": rc, "seconds": seconds, "errors": errors, "warnings": warnings, "counts": counts, "leaked": leaked}
+    return {"rc": rc, "seconds": seconds, "errors": errors, "warnings": warnings, "summary": has_summary,
+            "counts": counts, "leaked": leaked}
 
 
 def summary_line(tool: str, reports: list[tuple[str, dict]]) -> tuple[str, bool]:
-    errors = sum(r["errors"] or 0 for _, r in reports)
-    warnings = sum(r["warnings"] or 0 for _, r in reports)
+    errors = sum(r["errors"] for _, r in reports)
+    warnings = sum(r["warnings"] for _, r in reports)
     counts: dict[str, int] = {}
     for _, r in reports:
         for what, n in r["counts"].items():
@@ -251,8 +266,9 @@ def summary_line(tool: str, reports: list[tuple[str, dict]]) -> tuple[str, bool]
             problems.append(f"{name}: timed out (exit {r['rc']})")
         elif r["rc"] != 0:
             problems.append(f"{name}: exit {r['rc']}")
-        if r["errors"] is None:
-            problems.append(f"{name}: no sanitizer summary")
+        if not r["summary"]:
+            problems.append(f"{name}: no sanitizer summary ({r['errors']} errors printed before it ended)"
+                            if r["errors"] else f"{name}: no sanitizer summary")
         elif r["errors"]:
             problems.append(f"{name}: {r['errors']} errors")
         if r["leaked"] is not None:

@@ -49,9 +49,12 @@ _REASON = _skip_reason()
 #   one temperature per (model, streams) instead of both: temperature index (model index + streams index) % 2, so
 #   every model preset (tiny, small, tiny-fused, k2-layers) and every stream count (1, 3, 16) runs greedy and
 #   sampled (the other 12 (model, streams, temperature) cases' 84 tests are deselected at collection,
-#   sanitize_keep). k2-layers has 2 layers (the dense one and one MoE layer: the target's kernel instantiations; its
-#   drafter then taps one layer instead of two) instead of 3. Its acceptance statistics are left to the plain run: a
-#   round or two per budget are too few to hold a mean.
+#   sanitize_keep). Stream i's prompt is 5 + 3 i tokens instead of 5 + 29 i, but for the last stream's (16
+#   streams: 5, 8, .., 47 and 440 instead of 5, 34, .., 440; the same shortest and longest: rows of one and of
+#   several attention chunks, prefills of several forwards, a ragged batch still). k2-layers has 2 layers (the
+#   dense one and one MoE layer: the target's kernel instantiations; its drafter then taps one layer instead of
+#   two) instead of 3. Its acceptance statistics are left to the plain run: a round or two per budget are too few
+#   to hold a mean.
 # - test_streams_stop_at_different_rounds: 10 new tokens, the stop ids taken at tokens 2 and 7 instead of 9 and 30,
 #   and only the oracle's pass (commits of several tokens reach the stops at different rounds); the drafter's pass
 #   and the Python API's run the same kernels.
@@ -62,8 +65,10 @@ _REASON = _skip_reason()
 # - test_replayed_round_equals_eager_round: 6 new tokens (every stage runs in every round, captured, replayed and
 #   eager).
 # - test_nodes_equal_autoregressive_paths(_k2): the autoregressive forwards that check verify's nodes run one
-#   leaf per distinct path length per stream (the same forward_logits row counts and starts as every leaf's;
-#   every parametrization and the verify launch itself unchanged); nodes on no such path go unchecked.
+#   leaf per distinct path length of the forward's trees, in the first stream that has it (the same
+#   forward_logits row counts as every leaf's; every parametrization and the verify launch itself unchanged);
+#   nodes on no such path go unchecked. Its 16 streams' prefixes are 1, 8, .., 99 and 556 tokens instead of
+#   1, 38, .., 556 (the shortest and the longest, past a 512-key attention chunk, kept).
 # Nothing else changes; the plain run (DDTREE_SANITIZE unset) is as before.
 def sanitizing() -> bool:
     """True in the sanitizer mode (DDTREE_SANITIZE=1); the one place the variable is read."""

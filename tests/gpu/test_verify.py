@@ -15,7 +15,7 @@ from ddtree import bf16  # noqa: E402
 from ddtree.errors import RequestError  # noqa: E402
 from ddtree.presets import preset_config  # noqa: E402
 from ddtree.reference.model import ReferenceModel  # noqa: E402
-from conftest import sanitizing  # noqa: E402
+from conftest import sanitizing, trimmed  # noqa: E402
 from engine_models import TINY_FUSED, TINY_LONG, model_config, reference_on_engine_routing  # noqa: E402
 
 BUDGETS = (1, 7, 32, 64, 255)
@@ -37,15 +37,18 @@ def _paths(parents: list[int]) -> list[list[int]]:
     return paths
 
 
-def _ar_logits(native, stream: int, start: int, tokens: list[int],
-               parents: list[int]) -> tuple[np.ndarray, list[int]]:
+def _ar_logits(native, stream: int, start: int, tokens: list[int], parents: list[int],
+               lengths_run: set[int] | None) -> tuple[np.ndarray, list[int]]:
     """Each node's logits from forwards of root-to-leaf paths at positions start.. over the stream's prefix: the
     rows an autoregressive decode of that path runs (prefill rows equal decode rows bitwise, test_engine); and the
-    nodes those paths cover: every node, or in the sanitizer mode those on one leaf's path per path length."""
+    nodes those paths cover: every node, or in the sanitizer mode (`lengths_run` given: the path lengths already
+    run in the other streams of the forward) those on one leaf's path per path length not yet run."""
     paths = _paths(parents)
     leaves = sorted(set(range(len(parents))) - set(parents))
-    if sanitizing():
-        leaves = sorted({len(paths[leaf]): leaf for leaf in reversed(leaves)}.values())
+    if lengths_run is not None:
+        by_length = {len(paths[leaf]): leaf for leaf in reversed(leaves)}
+        leaves = sorted(leaf for length, leaf in by_length.items() if length not in lengths_run)
+        lengths_run.update(by_length)
     out = np.empty((len(parents), 0), dtype=np.float32)
     for leaf in leaves:
         path = paths[leaf]
@@ -81,8 +84,9 @@ def _check_trees_equal_ar(engine, vocab: int, starts: list[int], budget: int, se
     streams = list(range(len(starts)))
     logits, _, _ = native.verify(streams, starts, [t for t, _ in trees], [p for _, p in trees])
     row = 0
+    lengths_run: set[int] | None = set() if sanitizing() else None
     for stream, (tokens, parents) in enumerate(trees):
-        ar, checked = _ar_logits(native, stream, starts[stream], tokens, parents)
+        ar, checked = _ar_logits(native, stream, starts[stream], tokens, parents, lengths_run)
         got = logits[row:row + len(tokens)]
         bad = [i for i in checked if not np.array_equal(got[i], ar[i])]
         assert not bad, (f"stream {stream} (start {starts[stream]}): nodes {bad[:8]} of {len(tokens)} differ from "
@@ -90,8 +94,10 @@ def _check_trees_equal_ar(engine, vocab: int, starts: list[int], budget: int, se
         row += len(tokens)
 
 
-# Starts of 1, 3 and 16 streams: across a 64-key tile, the 512-key chunk edge (500 + depth), and short prefixes.
-STARTS = {1: [500], 3: [3, 500, 260], 16: [1 + 37 * i for i in range(16)]}
+# Starts of 1, 3 and 16 streams: across a 64-key tile, the 512-key chunk edge (500 + depth), and short prefixes. In
+# the sanitizer mode the 16 streams keep the shortest and the longest start (past a chunk) with fewer prefill rows
+# in between.
+STARTS = {1: [500], 3: [3, 500, 260], 16: [1 + trimmed(37, 7) * i for i in range(15)] + [556]}
 
 
 @pytest.mark.parametrize("model", ["tiny", "small", TINY_FUSED])
