@@ -232,8 +232,9 @@ void bind_engine(nb::module_& m) {
                                                                          ids.size(), static_cast<size_t>(d.topk)}));
             },
             nb::arg("ids"), nb::arg("streams"), nb::arg("positions"), nb::arg("with_routing") = false,
-            "Eager forward of rows -> fp32 logits [rows, vocab]; with_routing also returns the experts each MoE "
-            "layer chose, int32 [moe layers, rows, topk].")
+            "Eager forward of rows -> fp32 logits [rows, vocab] (an engine holding one rank of a split target: its "
+            "vocabulary columns, the others 0); with_routing also returns the experts each MoE layer chose, int32 "
+            "[moe layers, rows, topk].")
         .def("randomize_cache", &Engine::randomize_cache, nb::arg("seed"), nb::call_guard<nb::gil_scoped_release>())
         .def("profile_step", &Engine::profile_step, nb::arg("streams"), nb::arg("positions"), nb::arg("iters"),
              nb::arg("temperature") = 1.0f, nb::arg("seed") = 1, nb::call_guard<nb::gil_scoped_release>(),

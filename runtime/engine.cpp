@@ -298,7 +298,7 @@ std::vector<float> Engine::forward_logits(const std::vector<int32_t>& ids, const
     outputs.capture_routing = routing != nullptr;
     model_.forward(eager_rows_, n, n, cache_.attention_span(batch.longest()), outputs, nullptr);
     std::vector<float> logits(static_cast<size_t>(n) * dims_.vocab);
-    CUDA_CHECK(cudaMemcpyAsync(logits.data(), model_.logits(), logits.size() * 4, cudaMemcpyDeviceToHost, s));
+    copy_logits(logits.data(), n, s);
     if (routing != nullptr) {
         routing->resize(static_cast<size_t>(dims_.moe_layers()) * n * dims_.topk);
         CUDA_CHECK(cudaMemcpyAsync(routing->data(), model_.routing(), routing->size() * sizeof(int32_t),
@@ -306,6 +306,20 @@ std::vector<float> Engine::forward_logits(const std::vector<int32_t>& ids, const
     }
     CUDA_CHECK(cudaStreamSynchronize(s));
     return logits;
+}
+
+void Engine::copy_logits(float* to, int rows, cudaStream_t s) const {
+    const size_t pitch = static_cast<size_t>(dims_.vocab) * sizeof(float);
+    if (static_cast<int>(model_.held().size()) == dims_.shard.ranks) {  // every column written
+        CUDA_CHECK(cudaMemcpyAsync(to, model_.logits(), rows * pitch, cudaMemcpyDeviceToHost, s));
+        return;
+    }
+    for (int r : model_.held()) {
+        const ModelDims rank = dims_.for_rank(r);
+        CUDA_CHECK(cudaMemcpy2DAsync(to + rank.first_token(), pitch, model_.logits() + rank.first_token(), pitch,
+                                     static_cast<size_t>(rank.rank_vocab()) * sizeof(float), rows,
+                                     cudaMemcpyDeviceToHost, s));
+    }
 }
 
 RowBatchBuilder Engine::tree_rows(const std::vector<VerifyTree>& trees) const {
@@ -379,7 +393,7 @@ VerifyOutput Engine::verify(const std::vector<VerifyTree>& trees, const std::vec
     out.rows = n;
     out.logits.resize(static_cast<size_t>(n) * dims_.vocab);
     out.taps.resize(static_cast<size_t>(n) * tap_width);
-    CUDA_CHECK(cudaMemcpyAsync(out.logits.data(), model_.logits(), out.logits.size() * 4, cudaMemcpyDeviceToHost, s));
+    copy_logits(out.logits.data(), n, s);
     CUDA_CHECK(cudaMemcpyAsync(out.taps.data(), taps.as<uint16_t>(), out.taps.size() * 2, cudaMemcpyDeviceToHost, s));
     if (routing) {
         out.routing.resize(static_cast<size_t>(dims_.moe_layers()) * n * dims_.topk);

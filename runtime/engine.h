@@ -98,7 +98,8 @@ class Engine {
                         uint64_t seed);
 
     // One eager forward over arbitrary rows (stream, position, id), writing their keys into the caches; fp32
-    // logits [rows, vocab]. With `routing`, also each MoE layer's expert choices [moe layer][row][topk].
+    // logits [rows, vocab] (an engine holding one rank of a split target fills its own vocabulary columns, and
+    // the others are 0). With `routing`, also each MoE layer's expert choices [moe layer][row][topk].
     std::vector<float> forward_logits(const std::vector<int32_t>& ids, const std::vector<int32_t>& streams,
                                       const std::vector<int32_t>& positions, std::vector<int32_t>* routing = nullptr);
     // One eager verify forward of trees over their streams' committed prefixes: every node's logits, and the
@@ -138,6 +139,9 @@ class Engine {
     void check_weights();
     // Rows of the trees in a batch (validated); `tap_layers` checked against the model's layers.
     RowBatchBuilder tree_rows(const std::vector<VerifyTree>& trees) const;
+    // Enqueues the copy of the last eager forward's logits [rows, vocab] to `to`: the held ranks' vocabulary
+    // columns only (the others' were never written; `to` keeps what it holds there).
+    void copy_logits(float* to, int rows, cudaStream_t s) const;
 
     ModelDims dims_;
     int streams_, max_context_, max_budget_, device_, max_rows_;

@@ -16,8 +16,12 @@ NcclCommunicators::NcclCommunicators(const nccl::Library& library, const std::ve
         throw std::invalid_argument("devices: each device at most once");
     }
     for (int d : devices) check_device(d, "devices: device");
-    // process-wide (torch's NCCL in the same process sees it too), and set before any thread of ours reads it
+    // process-wide (torch's NCCL in the same process sees it too), and set before any thread of ours reads it.
+    // Peers connected at creation, not lazily at a communicator's first collective: that may be inside a graph
+    // capture (a replay or timing call first on a fresh engine), and NCCL's buffers are then in the device memory
+    // the engines' pre-flight finds taken.
     setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+    setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
     library_.check(library_.comm_init_all(comms_.data(), size(), devices.data()), "ncclCommInitAll");
 }
 

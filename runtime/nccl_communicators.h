@@ -1,7 +1,8 @@
 // The communicators of one process driving several local GPUs: one ncclCommInitAll over the devices (no
 // unique-id exchange, no launcher), rank r on devices[r], destroyed together. NVLink multicast (NVLS) is turned
 // off before they are created unless NCCL_NVLS_ENABLE is already set: the machines this runs on require it off,
-// and the collectives here are small gathers that do not need it.
+// and the collectives here are small gathers that do not need it. Peers connect at creation
+// (NCCL_RUNTIME_CONNECT=0 unless set).
 #pragma once
 #include <vector>
 

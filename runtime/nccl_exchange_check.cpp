@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -45,6 +46,17 @@ void check_sizes(int ranks, int terms, int rows, int width) {
     if (ranks < 1) throw std::invalid_argument("devices: at least one CUDA device");
 }
 
+// workers.run(job), leaving the communicators to the process's exit when it gives up ranks still waiting in them
+// (ncclCommDestroy would wait for those ranks' graphs for good).
+void run_ranks(RankWorkers& workers, NcclCommunicators& comms, const std::function<void(int)>& job) {
+    try {
+        workers.run(job);
+    } catch (...) {
+        if (workers.abandoned()) comms.abandon();
+        throw;
+    }
+}
+
 }  // namespace
 
 NcclExchangeResult nccl_exchange_check(const std::string& library, const std::vector<int>& devices, int terms,
@@ -65,7 +77,7 @@ NcclExchangeResult nccl_exchange_check(const std::string& library, const std::ve
     NcclCommunicators comms(nccl::Library::open(library), devices);
     RankWorkers workers(devices);
     NcclExchangeResult out{std::vector<std::vector<uint16_t>>(ranks), std::vector<std::vector<int32_t>>(ranks)};
-    workers.run([&](int r) {
+    run_ranks(workers, comms, [&](int r) {
         RankSetup s(comms.rank(r), rows, width);
         CUDA_CHECK(cudaMemcpyAsync(s.collectives.partial_slot(r, count), parts[r].data(), count * 2,
                                    cudaMemcpyHostToDevice, s.stream));
@@ -95,7 +107,7 @@ std::pair<double, double> time_nccl_exchange(const std::string& library, const s
     NcclCommunicators comms(nccl::Library::open(library), devices);
     RankWorkers workers(devices);
     std::vector<std::pair<double, double>> seconds(ranks);
-    workers.run([&](int r) {
+    run_ranks(workers, comms, [&](int r) {
         const NcclRank self = comms.rank(r);
         RankSetup s(self, rows, width);
         CUDA_CHECK(cudaMemsetAsync(s.collectives.partial_slot(0, count), 0, ranks * count * 2, s.stream));

@@ -50,16 +50,18 @@ RankWorkers::RankWorkers(std::vector<int> devices)
 }
 
 RankWorkers::~RankWorkers() {
+    std::vector<bool> stuck(threads_.size(), false);
     {
         const std::lock_guard<std::mutex> lock(mutex_);
         stop_ = true;
+        for (int r = 0; r < size(); ++r) stuck[r] = abandoned_ && !finished_ranks_[r];
     }
     start_.notify_all();
-    for (std::thread& t : threads_) {
-        if (abandoned_) {
-            t.detach();  // some are blocked in NCCL for good; the process's exit ends them
+    for (int r = 0; r < size(); ++r) {
+        if (stuck[r]) {
+            threads_[r].detach();  // blocked in NCCL for good; the process's exit ends it
         } else {
-            t.join();
+            threads_[r].join();  // back waiting for a job: it sees stop_ and returns
         }
     }
 }

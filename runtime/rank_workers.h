@@ -52,7 +52,7 @@ class RankWorkers {
     uint64_t generation_ = 0;  // bumped by every run: a thread runs each generation's job once
     int pending_ = 0;
     bool stop_ = false;
-    bool abandoned_ = false;  // ranks left waiting in a collective: their threads are never joined
+    bool abandoned_ = false;  // ranks left waiting in a collective: those threads are never joined
     std::vector<std::exception_ptr> errors_;
     std::vector<bool> finished_ranks_;  // this run's ranks that returned or threw
     std::vector<std::thread> threads_;

@@ -109,6 +109,10 @@ def test_one_rank_with_simulated_peers_decodes_in_graphs() -> None:
     assert 0 < engine.native.time_collectives(4, 5) < engine.replay(name, 5)
     with pytest.raises(ValueError, match="rows 0"):
         engine.native.time_collectives(0, 5)
+    # its logits: its own quarter of the vocabulary, the peers' columns (never written on this GPU) 0
+    logits = engine.native.forward_logits([1, 2, 3], [0, 0, 0], [0, 1, 2])
+    own = 3 * cfg.vocab_size // 4
+    assert not logits[:, :own].any() and np.isfinite(logits[:, own:]).all() and logits[:, own:].any()
     whole = ddtree.Engine.random(cfg, streams=1, max_context=64)
     with pytest.raises(ValueError, match="not split"):
         whole.native.time_collectives(1, 5)
