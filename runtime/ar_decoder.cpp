@@ -57,7 +57,13 @@ DecodeState DecodeState::lay_out(int streams, int max_context, DeviceArena& aren
 
 ArDecoder::ArDecoder(TargetModel& model, const LatentCache& cache, const RowBatch& eager_rows,
                      const DecodeState& state)
-    : model_(model), cache_(cache), eager_rows_(eager_rows), state_(state) {}
+    : model_(model), cache_(cache), eager_rows_(eager_rows), state_(state) {
+    // A replay saves and restores the decode row tables whole, though a decode of fewer streams than the engine
+    // has writes only their first entries: zeroed once, they never hold never-written memory (initcheck).
+    const RowBatch& rows = state_.rows;
+    CUDA_CHECK(cudaMemsetAsync(rows.ids, 0, RowBatch::kRowTables * static_cast<size_t>(rows.capacity) * sizeof(int32_t),
+                               model_.stream()));
+}
 
 void ArDecoder::prefill_to_history(const std::vector<std::vector<int32_t>>& prompts, float temperature,
                                    uint64_t seed, const PrefillTaps* taps) {

@@ -114,20 +114,32 @@ DdtreeRound::DdtreeRound(TargetModel& model, const LatentCache& cache, ArDecoder
               reinterpret_cast<const unsigned long long*>(state_.oracle_scalars + kOracleSeedAt),
               model_.dims().vocab} {
     const int n = cache_.streams();
-    CUDA_CHECK(cudaMallocHost(&pinned_, (n * output_ints(state_.history_ld) + round_copy_words(n)) * 4));
+    cudaStream_t stream = model_.stream();
+    // Written in part by design, zeroed once so that no copy or load of them reads never-written memory
+    // (compute-sanitizer's initcheck): the history, accept-log and oracle rows are copied to the host and compacted
+    // whole while only their first count / rounds entries are read; a stream's drafter context rows past its
+    // accept length go through the drafter's fc GEMM as padding (their slots -1, dropped).
+    const size_t history_bytes = static_cast<size_t>(n) * state_.history_ld * sizeof(int32_t);
+    for (int32_t* rows : {state_.history, state_.accept_log, state_.reference}) {
+        CUDA_CHECK(cudaMemsetAsync(rows, 0, history_bytes, stream));
+    }
     if (has_drafter()) {
-        // Fixed tables: tap row i is verify (or prefill) row i; block row s * B + 1 + d has the logits of depth d + 1.
         const int block = drafter_.model->dims().block;
+        CUDA_CHECK(cudaMemsetAsync(state_.context, 0,
+                                   static_cast<size_t>(n) * block * drafter_.model->dims().context_width() *
+                                       sizeof(k::bf16),
+                                   stream));
+        // Fixed tables: tap row i is verify (or prefill) row i; block row s * B + 1 + d has the logits of depth d + 1.
         std::vector<int32_t> index(state_.tap_rows), head(static_cast<size_t>(n) * (block - 1));
         for (int i = 0; i < state_.tap_rows; ++i) index[i] = i;
         for (int s = 0; s < n; ++s) {
             for (int d = 0; d < block - 1; ++d) head[static_cast<size_t>(s) * (block - 1) + d] = s * block + 1 + d;
         }
-        cudaStream_t s = model_.stream();
-        CUDA_CHECK(cudaMemcpyAsync(state_.tap_index, index.data(), index.size() * 4, cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaMemcpyAsync(state_.head_rows, head.data(), head.size() * 4, cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaStreamSynchronize(s));
+        CUDA_CHECK(cudaMemcpyAsync(state_.tap_index, index.data(), index.size() * 4, cudaMemcpyHostToDevice, stream));
+        CUDA_CHECK(cudaMemcpyAsync(state_.head_rows, head.data(), head.size() * 4, cudaMemcpyHostToDevice, stream));
     }
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    CUDA_CHECK(cudaMallocHost(&pinned_, (n * output_ints(state_.history_ld) + round_copy_words(n)) * 4));
 }
 
 DdtreeRound::~DdtreeRound() { cudaFreeHost(pinned_); }

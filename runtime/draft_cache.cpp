@@ -19,6 +19,12 @@ DraftCache::DraftCache(const DrafterDims& dims, int streams, int capacity, Devic
     values_ = arena.take<kernels::bf16>(layers_ * layer_elements());
 }
 
+void DraftCache::clear(cudaStream_t stream) const {
+    const size_t bytes = static_cast<size_t>(layers_ * layer_elements()) * sizeof(kernels::bf16);
+    CUDA_CHECK(cudaMemsetAsync(keys_, 0, bytes, stream));
+    CUDA_CHECK(cudaMemsetAsync(values_, 0, bytes, stream));
+}
+
 void DraftCache::randomize(uint64_t seed, cudaStream_t stream) const {
     const int64_t count = layers_ * layer_elements();
     CUDA_CHECK(kernels::fill_random_bf16(keys_, count, seed * 2 + 1, 1.f, 0.f, stream));

@@ -30,6 +30,9 @@ class DraftCache {
 
     // Random contents in every row (benchmarks).
     void randomize(uint64_t seed, cudaStream_t stream) const;
+    // Zeros in every row, enqueued (the drafter, once at creation): timing replays draft over context rows no
+    // prefill wrote (see LatentCache::clear).
+    void clear(cudaStream_t stream) const;
 
   private:
     int layers_, row_, streams_, capacity_;

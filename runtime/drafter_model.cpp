@@ -101,6 +101,7 @@ DrafterModel::DrafterModel(const DrafterDims& d, const RopeTable& rope, const bf
                                     std::to_string(d.head_dim / 2) + " pairs expected");
     }
     CUDA_CHECK(cudaMemsetAsync(s_.gemm_counters, 0, std::max<size_t>(s_.gemm_counter_count, 4) * 4, stream_));
+    cache_.clear(stream_);
     CUDA_CHECK(cudaMemcpyAsync(s_.inv_freq, rope_.inv_freq.data(), rope_.inv_freq.size() * 4, cudaMemcpyHostToDevice,
                                stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -220,7 +220,10 @@ Engine::Engine(const ModelDims& dims, const RopeTable& rope, int streams, int ma
              DdtreeRound::State::lay_out(streams, max_budget, round_history(max_context),
                                          drafter != nullptr ? drafter->dims.block : 0,
                                          drafter != nullptr ? drafter->dims.context_width() : 0, arena_),
-             RoundDrafter{drafter_.get(), drafter != nullptr ? drafter->tap_layers : std::vector<int>{}}) {}
+             RoundDrafter{drafter_.get(), drafter != nullptr ? drafter->tap_layers : std::vector<int>{}}) {
+    cache_.clear(model_.stream());
+    CUDA_CHECK(cudaStreamSynchronize(model_.stream()));
+}
 
 DrafterWeights& Engine::drafter_weights() {
     if (drafter_ == nullptr) throw std::invalid_argument("the engine was created without a drafter");

@@ -32,6 +32,10 @@ int LatentCache::attention_span(int longest) const {
     return static_cast<int>(std::min<int64_t>(k::mla_longest_len(k::mla_max_chunks(rounded)), stream_rows_));
 }
 
+void LatentCache::clear(cudaStream_t stream) const {
+    CUDA_CHECK(cudaMemsetAsync(data_, 0, elements() * sizeof(k::bf16), stream));
+}
+
 void LatentCache::randomize(uint64_t seed, cudaStream_t stream) const {
     CUDA_CHECK(k::fill_random_bf16(data_, static_cast<int64_t>(elements()), seed, 1.f, 0.f, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -33,6 +33,10 @@ class LatentCache {
 
     // Random contents in every row (benchmarks).
     void randomize(uint64_t seed, cudaStream_t stream) const;
+    // Zeros in every row, enqueued (the engine, once at creation): attention loads whole 64-key tiles, masking the
+    // keys past a row's length, and timing replays decode at positions no prefill wrote; zeroed rows make those
+    // reads of initialized memory, so compute-sanitizer's initcheck reports only reads of memory never written.
+    void clear(cudaStream_t stream) const;
 
   private:
     int layers_, row_, streams_, max_context_, stream_rows_;
