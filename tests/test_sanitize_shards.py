@@ -159,6 +159,7 @@ def test_a_cut_shard_counts_the_reports_it_printed() -> None:
             "========= Error: Race reported between Write access at 0x1 and Read access at 0x2\n"
             "========= Warning: Race reported between Read access at 0x3 and Write access at 0x4\n"
             "========= Error: process didn't terminate successfully\n"
+            "========= warnings summary =========\n"
             "gpu_suite: shard exit 124 after 540 s\n")
     report = shards.shard_report(text)
     assert (report["errors"], report["warnings"], report["summary"]) == (2, 1, False)

@@ -236,7 +236,8 @@ def shard_report(text: str, times_text: str | None = None) -> dict:
     elif plain:
         errors, warnings = int(plain[-1]), 0
     else:
-        reports = [line for line in SANITIZER_LINE.findall(text) if not line.startswith(NOT_A_REPORT)]
+        reports = [line for line in SANITIZER_LINE.findall(text)
+                   if not line.startswith(NOT_A_REPORT) and not line.endswith("=")]  # nor a pytest separator
         warnings = sum(line.startswith("Warning") for line in reports)
         errors = len(reports) - warnings
     counts: dict[str, int] = {}

@@ -65,9 +65,9 @@ _REASON = _skip_reason()
 # - test_replayed_round_equals_eager_round: 6 new tokens (every stage runs in every round, captured, replayed and
 #   eager).
 # - test_nodes_equal_autoregressive_paths(_k2): the autoregressive forwards that check verify's nodes run one
-#   leaf per distinct path length of the forward's trees, in the first stream that has it (the same
-#   forward_logits row counts as every leaf's; every parametrization and the verify launch itself unchanged);
-#   nodes on no such path go unchecked. Its 16 streams' prefixes are 1, 8, .., 99 and 556 tokens instead of
+#   leaf per distinct path length of the forward's trees, in the stream of the longest prefix that has it (the
+#   same forward_logits row counts as every leaf's; every parametrization and the verify launch itself
+#   unchanged); nodes on no such path go unchecked. Its 16 streams' prefixes are 1, 8, .., 99 and 556 tokens instead of
 #   1, 38, .., 556 (the shortest and the longest, past a 512-key attention chunk, kept).
 # Nothing else changes; the plain run (DDTREE_SANITIZE unset) is as before.
 def sanitizing() -> bool:
