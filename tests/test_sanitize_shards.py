@@ -216,6 +216,35 @@ def test_a_test_cut_before_its_teardown_does_not_count(tmp_path: Path) -> None:
     assert shards.sanitizer_times([cut]) == {ids[0]: 3.2}
 
 
+def test_a_cut_test_counts_the_time_it_ran_until_a_run_finishes_it(tmp_path: Path) -> None:
+    ids = _ids(3)
+    records = [json.loads(line) for line in _jsonl(tmp_path / "a.jsonl", [
+        (ids[0], "setup", 1.0), (ids[0], "call", 2.0), (ids[0], "teardown", 0.5),
+        (ids[1], "setup", 4.0)], at=100.0).read_text().splitlines()]
+    # ids[1]'s setup ended at 103 after 4 s: it started at 99, and the timeout came at 160
+    cut = shards.cut_record(ids, records, 160.0, "memcheck")
+    assert (cut["nodeid"], cut["when"], cut["seconds"]) == (ids[1], "cut", 61.0)
+    # cut before its setup ended: from the end of the last phase recorded (ids[0]'s teardown at 102)
+    assert shards.cut_record(ids, records[:3], 160.0, "memcheck")["seconds"] == 58.0
+    assert shards.cut_record(ids[:1], records[:3], 160.0, "memcheck") is None  # every test ended
+    assert shards.cut_record(ids, [], 160.0, "memcheck") is None
+    path = tmp_path / "a.jsonl"
+    out = subprocess.run([sys.executable, str(SCRIPT), "cut", "--nodeids", str(_ids_file(tmp_path, ids)), "--times",
+                          str(path), "--ended-at", "160", "--tool", "memcheck"], capture_output=True, text=True)
+    assert out.returncode == 0 and f"cut: {ids[1]} after 61 s" in out.stdout, out.stderr
+    assert shards.sanitizer_times([path]) == {ids[0]: 3.5, ids[1]: 61.0}
+    # a later run that finishes it wins over the cut
+    done = _jsonl(tmp_path / "b.jsonl", [(ids[1], "call", 30.0), (ids[1], "teardown", 0.0)], at=200.0)
+    assert shards.sanitizer_times([path, done])[ids[1]] == 30.0
+    assert shards.times_counts(path.read_text()) == {"passed": 1}
+
+
+def _ids_file(tmp_path: Path, ids: list[str]) -> Path:
+    path = tmp_path / "shard.txt"
+    path.write_text("".join(f"{i}\n" for i in ids))
+    return path
+
+
 def test_a_split_test_shares_its_measured_time_among_its_cases() -> None:
     measured = {"t.py::f[0-tiny]": 60.0, "t.py::f[0-tiny-fused]": 8.0, "t.py::g[1]": 5.0}
     ids = ["t.py::f[0-tiny-b1]", "t.py::f[0-tiny-b2]", "t.py::f[0-tiny-b3]", "t.py::f[0-tiny-fused-b1]",

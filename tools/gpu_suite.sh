@@ -17,9 +17,10 @@
 # (tests/gpu/conftest.py: repetition trimmed, coverage kept) and torch's caching allocator off, so that memcheck
 # sees every allocation's bounds. Each shard logs sanitize_TOOL_I.log (its node ids in sanitize_TOOL_I.txt, its
 # junit xml and its per-test seconds, sanitize_TOOL_I.times.jsonl, beside: written test by test, so a shard cut by
-# its timeout keeps them); then one line per tool sums the sanitizer's errors and the tests over the shards, and a
-# shard's error, failed test or timeout fails the suite, as does a test process (plain or sanitized) that exits with
-# native objects alive (nanobind's leak report: an engine kept past its test).
+# its timeout keeps them, and then also the test it cut with how long that ran); then one line per tool sums the
+# sanitizer's errors and the tests over the shards, and a shard's error, failed test or timeout fails the suite, as
+# does a test process (plain or sanitized) that exits with native objects alive (nanobind's leak report: an engine
+# kept past its test).
 # SUITE_DEADLINE (seconds after the start) cuts every sanitizer step's timeout so that the step ends by then, leaving
 # time to pack the reports before the device command's own limit. SANITIZE_ARGS adds compute-sanitizer options to
 # every tool's run (e.g. "--kernel-name regex=6ddtree": check only the engine's kernels, not torch's).
@@ -121,6 +122,10 @@ sanitize_suite() {
                     --error-exitcode 86 \
                     python3 -m pytest -q -p no:cacheprovider --junitxml="$report_dir/sanitize_${tool}_$i.xml" "${ids[@]}"
                 rc=$?
+                if (( rc == 124 || rc == 137 )); then  # the test it cut, and how long that ran: for the next split
+                    python3 "$repo/tools/sanitize_shards.py" cut --nodeids "$report_dir/sanitize_${tool}_$i.txt" \
+                        --times "$DDTREE_TEST_TIMES" --ended-at "$(date +%s.%N)" --tool "$tool"
+                fi
                 echo "gpu_suite: shard exit $rc after $(( $(date +%s) - t0 )) s"
             ) >"${logs[i]}" 2>&1 &
             pids+=($!)

@@ -3,17 +3,22 @@
 
     sanitize_shards.py split --shards N --out-dir DIR [--nodeids FILE] [--times XML_OR_JSONL ...]
     sanitize_shards.py summary --tool TOOL LOG ...
+    sanitize_shards.py cut --nodeids SHARD --times JSONL --ended-at EPOCH --tool TOOL
 
 `split` reads pytest node ids (the output of `pytest --collect-only -q`: lines holding `::`, the rest ignored)
 from FILE or stdin, and writes at most N files DIR/shard_I.txt, one node id a line, balanced by the tests'
 durations. Those of sanitizer runs come first: the .jsonl files that tests/gpu/conftest.py writes per shard (each
-test's phases summed, the latest run that finished it; with --tool, that tool's runs only), as a sanitizer slows
+test's phases summed, the latest run that finished it, else the longest a timeout let it run; with --tool, that
+tool's runs only), as a sanitizer slows
 tests by very different factors. A test split out of a measured one by a new parameter (`t[a-b-c]` of `t[a-b]`)
 shares its time. A test they lack takes its duration in the junit xml files (where several hold it, the run that
 began last wins, by the testsuite's timestamp) times the median slowdown of the tests in both; a test in none
 counts the median of the known ones. Each shard keeps the collection order, so a module's fixtures are built once
 per shard. It prints the shard files' paths, one a line, and a line per shard on stderr with its test count and
 estimated seconds.
+
+`cut` appends to a shard's .jsonl, when a timeout ended the shard, a record of the test it cut and how long that
+test had run (tools/gpu_suite.sh calls it): a lower bound of its time for the next split.
 
 `summary` reads the shards' logs (each ending in the line `gpu_suite: shard exit RC after S s` that
 tools/gpu_suite.sh appends) and prints one line: the sanitizer's errors (and racecheck's warnings) over every
@@ -113,10 +118,11 @@ def known_durations(ids: list[str], times: dict[tuple[str, str], float]) -> list
 
 def sanitizer_times(jsonl_paths, tool: str | None = None) -> dict[str, float]:
     """Each node id's seconds over its phases in the .jsonl files (of `tool`'s runs only, when given), from the
-    run that ended it last. Only tests whose teardown was recorded count: the one a timeout cut has its setup
-    alone, which would make the slowest test look free."""
+    run that ended it last. A test never ended in any of them counts the longest it ran before a timeout cut it
+    (its `cut` records, cut_record): its phases alone would make the slowest test look free."""
     phases: dict[tuple[str, str], float] = {}  # (node id, file) -> seconds of the phases seen so far
     ended: dict[str, tuple[float, float]] = {}  # node id -> (teardown time, seconds), the latest
+    cut: dict[str, float] = {}  # node id -> the longest it ran before a cut
     for path in jsonl_paths:
         for line in Path(path).read_text().splitlines():
             if not line.strip():
@@ -125,13 +131,30 @@ def sanitizer_times(jsonl_paths, tool: str | None = None) -> dict[str, float]:
             if tool is not None and record.get("tool") != tool:
                 continue
             node, at = record["nodeid"], float(record.get("at", 0.0))
+            if record["when"] == "cut":
+                cut[node] = max(cut.get(node, 0.0), float(record["seconds"]))
+                continue
             key = (node, str(path))
             phases[key] = phases.get(key, 0.0) + float(record["seconds"])
             if record["when"] == "teardown":
                 seconds = phases.pop(key)
                 if at >= ended.get(node, (-1.0, 0.0))[0]:
                     ended[node] = (at, seconds)
-    return {node: seconds for node, (_, seconds) in ended.items()}
+    return {**cut, **{node: seconds for node, (_, seconds) in ended.items()}}
+
+
+def cut_record(ids: list[str], records: list[dict], ended_at: float, tool: str) -> dict | None:
+    """The `cut` record of a shard that a timeout ended at `ended_at` (epoch seconds): its first test (in the
+    shard's order `ids`) without a teardown, and how long it had run, from its first phase's start (or, before its
+    setup ended, from the end of the last phase recorded); None when every test ended or nothing was recorded."""
+    finished = {r["nodeid"] for r in records if r["when"] == "teardown"}
+    running = next((i for i in ids if i not in finished), None)
+    if running is None or not records:
+        return None
+    own = [float(r["at"]) - float(r["seconds"]) for r in records if r["nodeid"] == running and r["when"] != "cut"]
+    start = min(own) if own else max(float(r["at"]) for r in records)
+    return {"nodeid": running, "when": "cut", "seconds": max(0.0, ended_at - start), "outcome": "cut",
+            "tool": tool, "at": ended_at}
 
 
 def split_case_times(ids: list[str], measured: dict[str, float]) -> dict[str, float]:
@@ -283,6 +306,17 @@ def summary_line(tool: str, reports: list[tuple[str, dict]]) -> tuple[str, bool]
     return line + ("; FAILED: " + "; ".join(problems) if problems else ""), failed
 
 
+def cmd_cut(args: argparse.Namespace) -> int:
+    times = Path(args.times)
+    records = [json.loads(line) for line in times.read_text().splitlines() if line.strip()] if times.exists() else []
+    record = cut_record(node_ids(Path(args.nodeids).read_text().splitlines()), records, args.ended_at, args.tool)
+    if record is not None:
+        with times.open("a") as out:
+            out.write(json.dumps(record) + "\n")
+        print(f"cut: {record['nodeid']} after {record['seconds']:.0f} s")
+    return 0
+
+
 def cmd_summary(args: argparse.Namespace) -> int:
     reports = []
     for log in map(Path, args.logs):
@@ -305,6 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodeids", default="-", help="`pytest --collect-only -q` output (default: stdin)")
     p.add_argument("--tool", default=None, help="use only this sanitizer tool's .jsonl times")
     p.set_defaults(run=cmd_split)
+    c = sub.add_parser("cut", help="record the test a timeout cut, and how long it had run")
+    c.add_argument("--nodeids", required=True, help="the shard's node ids, in its order")
+    c.add_argument("--times", required=True, help="the shard's .jsonl times (the record is appended)")
+    c.add_argument("--ended-at", type=float, required=True, help="epoch seconds of the cut")
+    c.add_argument("--tool", required=True)
+    c.set_defaults(run=cmd_cut)
     s = sub.add_parser("summary", help="one line over the shards' logs of one tool")
     s.add_argument("--tool", required=True)
     s.add_argument("logs", nargs="+")
