@@ -21,6 +21,8 @@
 # sanitizer's errors and the tests over the shards, and a shard's error, failed test or timeout fails the suite, as
 # does a test process (plain or sanitized) that exits with native objects alive (nanobind's leak report: an engine
 # kept past its test).
+# SANITIZE_K gives the sanitizer steps a -k expression of their own (PLAIN=1 SANITIZE_K=...: the whole plain run, then
+# a part of the suite sanitized, in one command).
 # SUITE_DEADLINE (seconds after the start) cuts every sanitizer step's timeout so that the step ends by then, leaving
 # time to pack the reports before the device command's own limit. SANITIZE_ARGS adds compute-sanitizer options to
 # every tool's run (e.g. "--kernel-name regex=6ddtree": check only the engine's kernels, not torch's).
@@ -32,6 +34,8 @@ if [[ ${1:-} == -k ]]; then
     pytest_expr=(-k "$2")
     shift 2
 fi
+sanitize_expr=(${pytest_expr[@]+"${pytest_expr[@]}"})
+[[ -n ${SANITIZE_K:-} ]] && sanitize_expr=(-k "$SANITIZE_K")
 report_dir=${REPORT_DIR:-${OUT:+$OUT/reports}}
 report_dir=${report_dir:-bench/results/latest}
 step_timeout=${STEP_TIMEOUT:-540}
@@ -66,7 +70,7 @@ sanitize_suite() {
     local threads=$(( $(nproc) / sanitize_jobs )); (( threads >= 1 )) || threads=1
     local -x OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads MKL_NUM_THREADS=$threads
     if ! (cd /tmp && timeout "$step_timeout" python3 -m pytest --collect-only -q -p no:cacheprovider "$repo/tests/gpu" \
-            ${pytest_expr[@]+"${pytest_expr[@]}"}) >"$report_dir/sanitize_collect.log" 2>&1; then
+            ${sanitize_expr[@]+"${sanitize_expr[@]}"}) >"$report_dir/sanitize_collect.log" 2>&1; then
         echo "sanitize: collection failed; see sanitize_collect.log"; tail -20 "$report_dir/sanitize_collect.log"
         return 1
     fi
