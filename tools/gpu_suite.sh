@@ -20,7 +20,7 @@
 # its timeout keeps them, and then also the test it cut with how long that ran); then one line per tool sums the
 # sanitizer's errors and the tests over the shards, and a shard's error, failed test or timeout fails the suite, as
 # does a test process (plain or sanitized) that exits with native objects alive (nanobind's leak report: an engine
-# kept past its test).
+# kept past its test). sanitize_TOOL_memory.txt holds the host's and the GPU's used memory every 15 s of the step.
 # SANITIZE_K gives the sanitizer steps a -k expression of their own (PLAIN=1 SANITIZE_K=...: the whole plain run, then
 # a part of the suite sanitized, in one command).
 # SUITE_DEADLINE (seconds after the start) cuts every sanitizer step's timeout so that the step ends by then, leaving
@@ -112,6 +112,12 @@ sanitize_suite() {
         echo "$tool: ${#shards[@]} shards, ${limit} s each at most"
         rm -f "$report_dir"/sanitize_"$tool"_*
         pids=() logs=()
+        # host and device memory every 15 s while the shards run: a shard killed for memory shows in it
+        while sleep 15; do
+            echo "$(date +%T) host_used_mb=$(free -m | awk '/^Mem:/ {print $3}')" \
+                "gpu_used_mb=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | paste -sd+)"
+        done >"$report_dir/sanitize_${tool}_memory.txt" 2>&1 &
+        local monitor=$!
         for i in "${!shards[@]}"; do
             logs+=("$report_dir/sanitize_${tool}_$i.log")
             cp "${shards[i]}" "$report_dir/sanitize_${tool}_$i.txt"
@@ -135,6 +141,7 @@ sanitize_suite() {
             pids+=($!)
         done
         for i in "${!pids[@]}"; do wait "${pids[i]}"; done
+        kill "$monitor" 2>/dev/null; wait "$monitor" 2>/dev/null
         python3 tools/sanitize_shards.py summary --tool "$tool" "${logs[@]}" | tee -a "$report_dir/sanitize_summary.txt"
         (( PIPESTATUS[0] == 0 )) || ok=1
     done
