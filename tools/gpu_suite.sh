@@ -63,7 +63,7 @@ fi
 # One sanitizer step per tool: the node ids (collected in the sanitizer mode, -k applied) in balanced shards, one
 # compute-sanitizer process per shard, all at once; then the tool's summary line (tools/sanitize_shards.py summary).
 sanitize_suite() {
-    local repo=$PWD shard_dir tool extra limit i ok=0
+    local repo=$PWD shard_dir tool extra limit i monitor ok=0
     local -a shards pids ids times logs
     local -x DDTREE_SANITIZE=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1
     # the shards share the CPU cores: no numpy or torch thread pools sized for the whole machine in each
@@ -112,12 +112,13 @@ sanitize_suite() {
         echo "$tool: ${#shards[@]} shards, ${limit} s each at most"
         rm -f "$report_dir"/sanitize_"$tool"_*
         pids=() logs=()
-        # host and device memory every 15 s while the shards run: a shard killed for memory shows in it
-        while sleep 15; do
+        # host and device memory every 15 s while the shards run (a shard killed for memory can show in it); it
+        # stops with the step, or with this script if that is killed first
+        while sleep 15 && kill -0 $$ 2>/dev/null; do
             echo "$(date +%T) host_used_mb=$(free -m | awk '/^Mem:/ {print $3}')" \
                 "gpu_used_mb=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | paste -sd+)"
         done >"$report_dir/sanitize_${tool}_memory.txt" 2>&1 &
-        local monitor=$!
+        monitor=$!
         for i in "${!shards[@]}"; do
             logs+=("$report_dir/sanitize_${tool}_$i.log")
             cp "${shards[i]}" "$report_dir/sanitize_${tool}_$i.txt"
@@ -132,7 +133,8 @@ sanitize_suite() {
                     --error-exitcode 86 \
                     python3 -m pytest -q -p no:cacheprovider --junitxml="$report_dir/sanitize_${tool}_$i.xml" "${ids[@]}"
                 rc=$?
-                if (( rc == 124 || rc == 137 )); then  # the test it cut, and how long that ran: for the next split
+                # the test a timeout (or a kill) cut, and how long that had run: a lower bound for the next split
+                if (( rc == 124 || rc == 137 )); then
                     python3 "$repo/tools/sanitize_shards.py" cut --nodeids "$report_dir/sanitize_${tool}_$i.txt" \
                         --times "$DDTREE_TEST_TIMES" --ended-at "$(date +%s.%N)" --tool "$tool"
                 fi

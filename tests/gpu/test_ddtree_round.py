@@ -52,8 +52,8 @@ def drafter_dirs(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathF
 
 def _prompt_lengths(streams: int) -> list[int]:
     """The round checks' ragged prompt lengths, 5 + 29 i tokens for stream i. In the sanitizer mode all but the last
-    stream's are 5 + 3 i: the same shortest and longest prompt, and fewer prefill rows in between (under a
-    sanitizer, 16 streams' prefill was most of a sweep case's time)."""
+    stream's are 5 + 3 i: the same shortest and longest prompt, and fewer prefill rows in between, which a
+    sanitizer slows like any other rows."""
     return [5 + trimmed(29, 3) * i for i in range(streams - 1)] + [5 + 29 * (streams - 1)]
 
 

@@ -42,7 +42,8 @@ def _ar_logits(native, stream: int, start: int, tokens: list[int], parents: list
     """Each node's logits from forwards of root-to-leaf paths at positions start.. over the stream's prefix: the
     rows an autoregressive decode of that path runs (prefill rows equal decode rows bitwise, test_engine); and the
     nodes those paths cover: every node, or in the sanitizer mode (`lengths_run` given: the path lengths already
-    run in the other streams of the forward) those on one leaf's path per path length not yet run."""
+    run in the other streams of the forward) those on one leaf's path per path length not yet run, whose lengths
+    are then added to `lengths_run`."""
     paths = _paths(parents)
     leaves = sorted(set(range(len(parents))) - set(parents))
     if lengths_run is not None:
