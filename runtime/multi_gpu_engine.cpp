@@ -35,33 +35,32 @@ void keep_slowest(std::vector<double>& into, const std::vector<double>& other) {
 MultiGpuEngine::MultiGpuEngine(const ModelDims& dims, const RopeTable& rope, int streams, int max_context,
                                int max_budget, const std::vector<int>& devices, const std::string& nccl_library,
                                const DrafterSpec* drafter)
-    : devices_(devices), comms_(nccl::Library::open(nccl_library), devices), workers_(devices),
-      engines_(devices.size()) {
+    : devices_(devices), ranks_(nccl::Library::open(nccl_library), devices), engines_(devices.size()) {
     const int ranks = static_cast<int>(devices.size());
     try {
-        workers_.run(
+        ranks_.workers.run(
             [&](int r) {
                 ModelDims d = dims;
                 d.shard = Shard{r, ranks};
-                const NcclRank self = comms_.rank(r);
+                const NcclRank self = ranks_.comms.rank(r);
                 engines_[r] = std::make_unique<Engine>(d, rope, streams, max_context, max_budget, devices[r], drafter,
                                                        false, ranks > 1 ? &self : nullptr);
             },
             false);  // no collective in an engine's creation
     } catch (...) {
-        workers_.run([&](int r) { engines_[r].reset(); }, false);  // each freed on its own device
+        ranks_.workers.run([&](int r) { engines_[r].reset(); }, false);  // each freed on its own device
         throw;
     }
 }
 
 MultiGpuEngine::~MultiGpuEngine() {
     try {
-        workers_.run([&](int r) { engines_[r].reset(); }, false);  // each freed on its own device and thread
+        ranks_.workers.run([&](int r) { engines_[r].reset(); }, false);  // each freed on its own device and thread
     } catch (...) {  // a destructor reports nothing; what is left goes with the process's contexts
     }
-    if (workers_.abandoned()) {  // ranks blocked in a collective for good: leave their engines and communicators
+    // ranks blocked in a collective for good: their engines go to the process's exit (ranks_, the communicators)
+    if (ranks_.workers.abandoned()) {
         for (auto& e : engines_) static_cast<void>(e.release());
-        comms_.abandon();
     }
 }
 
@@ -73,7 +72,7 @@ Engine& MultiGpuEngine::rank(int r) {
 }
 
 void MultiGpuEngine::on_every_rank(const std::function<void(int, Engine&)>& job, bool collectives) {
-    workers_.run([&](int r) { job(r, *engines_[r]); }, collectives);
+    ranks_.workers.run([&](int r) { job(r, *engines_[r]); }, collectives);
 }
 
 void MultiGpuEngine::randomize_weights(uint64_t seed) {

@@ -15,7 +15,6 @@
 
 #include "engine.h"
 #include "nccl_communicators.h"
-#include "rank_workers.h"
 
 namespace ddtree {
 
@@ -71,8 +70,7 @@ class MultiGpuEngine {
 
   private:
     std::vector<int> devices_;
-    NcclCommunicators comms_;  // outlives the engines, whose graphs hold NCCL work on it
-    RankWorkers workers_;
+    NcclRanks ranks_;  // outlives the engines, whose graphs hold NCCL work on its communicators
     std::vector<std::unique_ptr<Engine>> engines_;
 };
 

@@ -8,6 +8,7 @@
 
 #include "nccl_collectives.h"
 #include "nccl_library.h"
+#include "rank_workers.h"
 
 namespace ddtree {
 
@@ -29,6 +30,22 @@ class NcclCommunicators {
     const nccl::Library& library_;
     std::vector<nccl::Comm> comms_;
     bool abandoned_ = false;
+};
+
+// The communicators and the host threads that drive them (rank r's on devices[r]), made and given up together:
+// when the threads give up ranks left waiting in a collective, the communicators go to the process's exit with
+// them. Members are destroyed threads first.
+struct NcclRanks {
+    NcclRanks(const nccl::Library& library, const std::vector<int>& devices)
+        : comms(library, devices), workers(devices) {}
+    ~NcclRanks() {
+        if (workers.abandoned()) comms.abandon();
+    }
+    NcclRanks(const NcclRanks&) = delete;
+    NcclRanks& operator=(const NcclRanks&) = delete;
+
+    NcclCommunicators comms;
+    RankWorkers workers;
 };
 
 }  // namespace ddtree

@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <functional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -16,7 +15,6 @@
 #include "graph_replay.h"
 #include "nccl_collectives.h"
 #include "nccl_communicators.h"
-#include "rank_workers.h"
 
 namespace ddtree {
 
@@ -46,17 +44,6 @@ void check_sizes(int ranks, int terms, int rows, int width) {
     if (ranks < 1) throw std::invalid_argument("devices: at least one CUDA device");
 }
 
-// workers.run(job), leaving the communicators to the process's exit when it gives up ranks still waiting in them
-// (ncclCommDestroy would wait for those ranks' graphs for good).
-void run_ranks(RankWorkers& workers, NcclCommunicators& comms, const std::function<void(int)>& job) {
-    try {
-        workers.run(job);
-    } catch (...) {
-        if (workers.abandoned()) comms.abandon();
-        throw;
-    }
-}
-
 }  // namespace
 
 NcclExchangeResult nccl_exchange_check(const std::string& library, const std::vector<int>& devices, int terms,
@@ -74,11 +61,10 @@ NcclExchangeResult nccl_exchange_check(const std::string& library, const std::ve
                                         "candidates[" + std::to_string(r) + "] rows");
         }
     }
-    NcclCommunicators comms(nccl::Library::open(library), devices);
-    RankWorkers workers(devices);
+    NcclRanks group(nccl::Library::open(library), devices);
     NcclExchangeResult out{std::vector<std::vector<uint16_t>>(ranks), std::vector<std::vector<int32_t>>(ranks)};
-    run_ranks(workers, comms, [&](int r) {
-        RankSetup s(comms.rank(r), rows, width);
+    group.workers.run([&](int r) {
+        RankSetup s(group.comms.rank(r), rows, width);
         CUDA_CHECK(cudaMemcpyAsync(s.collectives.partial_slot(r, count), parts[r].data(), count * 2,
                                    cudaMemcpyHostToDevice, s.stream));
         CUDA_CHECK(cudaMemcpyAsync(s.collectives.candidate_slot(r, rows), candidates[r].data(),
@@ -104,11 +90,10 @@ std::pair<double, double> time_nccl_exchange(const std::string& library, const s
     check_sizes(ranks, terms, rows, width);
     if (per_graph < 1 || iters < 1) throw std::invalid_argument("per_graph and iters must be positive");
     const size_t count = static_cast<size_t>(terms) * rows * width;
-    NcclCommunicators comms(nccl::Library::open(library), devices);
-    RankWorkers workers(devices);
+    NcclRanks group(nccl::Library::open(library), devices);
     std::vector<std::pair<double, double>> seconds(ranks);
-    run_ranks(workers, comms, [&](int r) {
-        const NcclRank self = comms.rank(r);
+    group.workers.run([&](int r) {
+        const NcclRank self = group.comms.rank(r);
         RankSetup s(self, rows, width);
         CUDA_CHECK(cudaMemsetAsync(s.collectives.partial_slot(0, count), 0, ranks * count * 2, s.stream));
         const nccl::Library& lib = *self.library;

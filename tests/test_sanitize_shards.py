@@ -229,8 +229,13 @@ def test_a_cut_test_counts_the_time_it_ran_until_a_run_finishes_it(tmp_path: Pat
     assert shards.cut_record(ids[:1], records[:3], 160.0, "memcheck") is None  # every test ended
     assert shards.cut_record(ids, [], 160.0, "memcheck") is None
     path = tmp_path / "a.jsonl"
-    out = subprocess.run([sys.executable, str(SCRIPT), "cut", "--nodeids", str(_ids_file(tmp_path, ids)), "--times",
-                          str(path), "--ended-at", "160", "--tool", "memcheck"], capture_output=True, text=True)
+    def cut(rc: int) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(SCRIPT), "cut", "--exit", str(rc), "--nodeids",
+                               str(_ids_file(tmp_path, ids)), "--times", str(path), "--ended-at", "160", "--tool",
+                               "memcheck"], capture_output=True, text=True)
+    out = cut(0)  # a shard that ended by itself: nothing recorded
+    assert out.returncode == 0 and out.stdout == "" and "cut" not in path.read_text(), out.stderr
+    out = cut(124)
     assert out.returncode == 0 and f"cut: {ids[1]} after 61 s" in out.stdout, out.stderr
     assert shards.sanitizer_times([path]) == {ids[0]: 3.5, ids[1]: 61.0}
     # a later run that finishes it wins over the cut

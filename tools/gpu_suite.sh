@@ -134,10 +134,8 @@ sanitize_suite() {
                     python3 -m pytest -q -p no:cacheprovider --junitxml="$report_dir/sanitize_${tool}_$i.xml" "${ids[@]}"
                 rc=$?
                 # the test a timeout (or a kill) cut, and how long that had run: a lower bound for the next split
-                if (( rc == 124 || rc == 137 )); then
-                    python3 "$repo/tools/sanitize_shards.py" cut --nodeids "$report_dir/sanitize_${tool}_$i.txt" \
-                        --times "$DDTREE_TEST_TIMES" --ended-at "$(date +%s.%N)" --tool "$tool"
-                fi
+                python3 "$repo/tools/sanitize_shards.py" cut --exit "$rc" --ended-at "$(date +%s.%N)" --tool "$tool" \
+                    --nodeids "$report_dir/sanitize_${tool}_$i.txt" --times "$DDTREE_TEST_TIMES"
                 echo "gpu_suite: shard exit $rc after $(( $(date +%s) - t0 )) s"
             ) >"${logs[i]}" 2>&1 &
             pids+=($!)

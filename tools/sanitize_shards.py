@@ -3,7 +3,7 @@
 
     sanitize_shards.py split --shards N --out-dir DIR [--nodeids FILE] [--times XML_OR_JSONL ...]
     sanitize_shards.py summary --tool TOOL LOG ...
-    sanitize_shards.py cut --nodeids SHARD --times JSONL --ended-at EPOCH --tool TOOL
+    sanitize_shards.py cut --exit RC --nodeids SHARD --times JSONL --ended-at EPOCH --tool TOOL
 
 `split` reads pytest node ids (the output of `pytest --collect-only -q`: lines holding `::`, the rest ignored)
 from FILE or stdin, and writes at most N files DIR/shard_I.txt, one node id a line, balanced by the tests'
@@ -17,8 +17,8 @@ counts the median of the known ones. Each shard keeps the collection order, so a
 per shard. It prints the shard files' paths, one a line, and a line per shard on stderr with its test count and
 estimated seconds.
 
-`cut` appends to a shard's .jsonl, when a timeout ended the shard, a record of the test it cut and how long that
-test had run (tools/gpu_suite.sh calls it): a lower bound of its time for the next split.
+`cut` appends to a shard's .jsonl, when its exit status RC says a timeout ended the shard, a record of the test
+it cut and how long that test had run (tools/gpu_suite.sh calls it): a lower bound of its time for the next split.
 
 `summary` reads the shards' logs (each ending in the line `gpu_suite: shard exit RC after S s` that
 tools/gpu_suite.sh appends) and prints one line: the sanitizer's errors (and racecheck's warnings) over every
@@ -307,6 +307,8 @@ def summary_line(tool: str, reports: list[tuple[str, dict]]) -> tuple[str, bool]
 
 
 def cmd_cut(args: argparse.Namespace) -> int:
+    if args.exit not in TIMED_OUT:
+        return 0
     times = Path(args.times)
     records = [json.loads(line) for line in times.read_text().splitlines() if line.strip()] if times.exists() else []
     record = cut_record(node_ids(Path(args.nodeids).read_text().splitlines()), records, args.ended_at, args.tool)
@@ -340,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tool", default=None, help="use only this sanitizer tool's .jsonl times")
     p.set_defaults(run=cmd_split)
     c = sub.add_parser("cut", help="record the test a timeout cut, and how long it had run")
+    c.add_argument("--exit", type=int, required=True, help="the shard's exit status: nothing is recorded unless "
+                   "it timed out")
     c.add_argument("--nodeids", required=True, help="the shard's node ids, in its order")
     c.add_argument("--times", required=True, help="the shard's .jsonl times (the record is appended)")
     c.add_argument("--ended-at", type=float, required=True, help="epoch seconds of the cut")
