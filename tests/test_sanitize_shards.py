@@ -218,36 +218,24 @@ def test_a_test_cut_before_its_teardown_does_not_count(tmp_path: Path) -> None:
 
 def test_a_cut_test_counts_the_time_it_ran_until_a_run_finishes_it(tmp_path: Path) -> None:
     ids = _ids(3)
-    records = [json.loads(line) for line in _jsonl(tmp_path / "a.jsonl", [
-        (ids[0], "setup", 1.0), (ids[0], "call", 2.0), (ids[0], "teardown", 0.5),
-        (ids[1], "setup", 4.0)], at=100.0).read_text().splitlines()]
-    # ids[1]'s setup ended at 103 after 4 s: it started at 99, and the timeout came at 160
-    cut = shards.cut_record(ids, records, 160.0, "memcheck")
-    assert (cut["nodeid"], cut["when"], cut["seconds"]) == (ids[1], "cut", 61.0)
-    # cut before its setup ended: from the end of the last phase recorded (ids[0]'s teardown at 102)
-    assert shards.cut_record(ids, records[:3], 160.0, "memcheck")["seconds"] == 58.0
-    assert shards.cut_record(ids[:1], records[:3], 160.0, "memcheck") is None  # every test ended
-    assert shards.cut_record(ids, [], 160.0, "memcheck") is None
-    path = tmp_path / "a.jsonl"
-    def cut(rc: int) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(SCRIPT), "cut", "--exit", str(rc), "--nodeids",
-                               str(_ids_file(tmp_path, ids)), "--times", str(path), "--ended-at", "160", "--tool",
-                               "memcheck"], capture_output=True, text=True)
-    out = cut(0)  # a shard that ended by itself: nothing recorded
-    assert out.returncode == 0 and out.stdout == "" and "cut" not in path.read_text(), out.stderr
-    out = cut(124)
-    assert out.returncode == 0 and f"cut: {ids[1]} after 61 s" in out.stdout, out.stderr
+    path = _jsonl(tmp_path / "a.jsonl", [(ids[0], "setup", 1.0), (ids[0], "call", 2.0), (ids[0], "teardown", 0.5),
+                                         (ids[1], "setup", 4.0)], at=100.0)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    # ids[1]'s setup ended at 103 after 4 s: it started at 99, and its process ended at 160
+    cut = shards.cut_record(ids, records, 160.0, "memcheck", "deadline", 90.0)
+    assert (cut["nodeid"], cut["when"], cut["seconds"], cut["reason"]) == (ids[1], "cut", 61.0, "deadline")
+    # cut before its setup ended: from the end of the process's last phase recorded (ids[0]'s teardown at 102)
+    assert shards.cut_record(ids, records[:3], 160.0, "memcheck", "exit 9", 90.0)["seconds"] == 58.0
+    # or from the process's start, when it recorded none
+    assert shards.cut_record(ids[1:], records[:3], 160.0, "memcheck", "exit 9", 150.0)["seconds"] == 10.0
+    assert shards.cut_record(ids[:1], records[:3], 160.0, "memcheck", "exit 9", 90.0) is None  # every test ended
+    with path.open("a") as out:
+        out.write(json.dumps(cut) + "\n")
     assert shards.sanitizer_times([path]) == {ids[0]: 3.5, ids[1]: 61.0}
     # a later run that finishes it wins over the cut
     done = _jsonl(tmp_path / "b.jsonl", [(ids[1], "call", 30.0), (ids[1], "teardown", 0.0)], at=200.0)
     assert shards.sanitizer_times([path, done])[ids[1]] == 30.0
     assert shards.times_counts(path.read_text()) == {"passed": 1}
-
-
-def _ids_file(tmp_path: Path, ids: list[str]) -> Path:
-    path = tmp_path / "shard.txt"
-    path.write_text("".join(f"{i}\n" for i in ids))
-    return path
 
 
 def test_a_split_test_shares_its_measured_time_among_its_cases() -> None:
@@ -272,3 +260,25 @@ def test_a_cut_shard_counts_its_tests_from_its_times(tmp_path: Path) -> None:
                          capture_output=True, text=True)
     assert out.returncode == 1
     assert "tests 1 passed, 1 failed, 0 skipped" in out.stdout and "timed out (exit 124)" in out.stdout, out.stdout
+
+
+def test_a_shard_of_several_processes_sums_them() -> None:
+    text = ("gpu_suite: process 0 over 3 tests\n========= COMPUTE-SANITIZER\n"
+            "========= Error: Race reported between Write access at 0x1 and Read access at 0x2\n"
+            "gpu_suite: ending process (test limit 60 s)\ngpu_suite: process 0 exit 143 after 70 s\n"
+            "gpu_suite: cut tests/gpu/t.py::slow[1] after 61 s (test limit 60 s)\n"
+            "gpu_suite: process 1 over 1 tests\n========= COMPUTE-SANITIZER\n.\n1 passed in 3.00s\n"
+            "========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)\n"
+            "gpu_suite: process 1 exit 86 after 5 s\ngpu_suite: shard exit 86 after 75 s\n")
+    report = shards.shard_report(text)
+    assert (report["errors"], report["summary"], report["unsummarized"]) == (3, False, [])
+    assert report["cuts"] == [("tests/gpu/t.py::slow[1]", 61, "test limit 60 s", 1)]
+    line, failed = shards.summary_line("racecheck", [("a.log", report)])
+    assert failed and line.startswith("racecheck: 3 errors, 0 warnings"), line
+    assert "a.log: cut slow[1] after 61 s (test limit 60 s; 1 errors printed before it)" in line, line
+    assert "a.log: 3 errors" in line and "exit 86" in line, line
+    # a process that ended without its summary and was not cut (the sanitizer itself died)
+    lost = shards.shard_report(text.replace("gpu_suite: cut tests/gpu/t.py::slow[1] after 61 s (test limit 60 s)\n", ""))
+    assert lost["unsummarized"] == [1]
+    assert "a.log: no sanitizer summary (1 errors printed before it ended)" in shards.summary_line(
+        "racecheck", [("a.log", lost)])[0]

@@ -15,12 +15,15 @@
 # (tools/sanitize_shards.py: balanced by the per-test seconds of earlier sanitizer shards, the .jsonl files committed
 # in bench/results/gpu_tests, then by the junit xml files there; or by $SANITIZE_TIMES), with DDTREE_SANITIZE=1
 # (tests/gpu/conftest.py: repetition trimmed, coverage kept) and torch's caching allocator off, so that memcheck
-# sees every allocation's bounds. Each shard logs sanitize_TOOL_I.log (its node ids in sanitize_TOOL_I.txt, its
-# junit xml and its per-test seconds, sanitize_TOOL_I.times.jsonl, beside: written test by test, so a shard cut by
-# its timeout keeps them, and then also the test it cut with how long that ran); then one line per tool sums the
-# sanitizer's errors and the tests over the shards, and a shard's error, failed test or timeout fails the suite, as
-# does a test process (plain or sanitized) that exits with native objects alive (nanobind's leak report: an engine
-# kept past its test). sanitize_TOOL_memory.txt holds the host's and the GPU's used memory every 15 s of the step.
+# sees every allocation's bounds. Each shard runs under tools/sanitize_run.py and logs sanitize_TOOL_I.log (its node
+# ids in sanitize_TOOL_I.txt, its per-test seconds in sanitize_TOOL_I.times.jsonl, written test by test): a test that
+# runs past $SANITIZE_TEST_LIMIT seconds (default: no limit) or whose processes hold more than $SANITIZE_MEMORY_MB
+# (default: the shard's share of 90% of the host's memory) is cut, its Python stacks printed, and a new process runs
+# the shard's tests after it; the step's deadline cuts the test then running and ends the shard. Then one line per
+# tool sums the sanitizer's errors and the tests over the shards, and a shard's error, failed or cut test or timeout
+# fails the suite, as does a test process (plain or sanitized) that exits with native objects alive (nanobind's leak
+# report: an engine kept past its test). sanitize_TOOL_memory.txt holds the host's and the GPU's used memory every
+# 15 s of the step.
 # SANITIZE_K gives the sanitizer steps a -k expression of their own (PLAIN=1 SANITIZE_K=...: the whole plain run, then
 # a part of the suite sanitized, in one command).
 # SUITE_DEADLINE (seconds after the start) cuts every sanitizer step's timeout so that the step ends by then, leaving
@@ -63,8 +66,8 @@ fi
 # One sanitizer step per tool: the node ids (collected in the sanitizer mode, -k applied) in balanced shards, one
 # compute-sanitizer process per shard, all at once; then the tool's summary line (tools/sanitize_shards.py summary).
 sanitize_suite() {
-    local repo=$PWD shard_dir tool extra limit i monitor ok=0
-    local -a shards pids ids times logs
+    local repo=$PWD shard_dir tool extra limit memory_mb i monitor ok=0
+    local -a shards pids times logs
     local -x DDTREE_SANITIZE=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1
     # the shards share the CPU cores: no numpy or torch thread pools sized for the whole machine in each
     local threads=$(( $(nproc) / sanitize_jobs )); (( threads >= 1 )) || threads=1
@@ -109,7 +112,10 @@ sanitize_suite() {
                 echo "$tool: not run, ${limit} s left before SUITE_DEADLINE"; ok=1; continue
             fi
         fi
-        echo "$tool: ${#shards[@]} shards, ${limit} s each at most"
+        # each shard's processes may hold their share of the host's memory (tools/sanitize_run.py ends a test
+        # past it): a test whose sanitizer state grows without bound is cut, its neighbours go on
+        memory_mb=${SANITIZE_MEMORY_MB:-$(( $(awk '/^MemTotal:/ {print $2}' /proc/meminfo) * 9 / 10 / 1024 / ${#shards[@]} ))}
+        echo "$tool: ${#shards[@]} shards, ${limit} s each at most, ${memory_mb} MB each${SANITIZE_TEST_LIMIT:+, ${SANITIZE_TEST_LIMIT} s a test}"
         rm -f "$report_dir"/sanitize_"$tool"_*
         pids=() logs=()
         # host and device memory every 15 s while the shards run (a shard killed for memory can show in it); it
@@ -122,21 +128,18 @@ sanitize_suite() {
         for i in "${!shards[@]}"; do
             logs+=("$report_dir/sanitize_${tool}_$i.log")
             cp "${shards[i]}" "$report_dir/sanitize_${tool}_$i.txt"
-            mapfile -t ids <"${shards[i]}"
-            ids=("${ids[@]/#/$repo/}")
             (
                 cd /tmp || exit 1
                 export DDTREE_TEST_TIMES="$report_dir/sanitize_${tool}_$i.times.jsonl" DDTREE_SANITIZE_TOOL=$tool
                 rm -f "$DDTREE_TEST_TIMES"
-                t0=$(date +%s)
-                timeout -k 15 "$limit" compute-sanitizer --tool "$tool" "${extra[@]}" ${SANITIZE_ARGS:-} \
-                    --error-exitcode 86 \
-                    python3 -m pytest -q -p no:cacheprovider --junitxml="$report_dir/sanitize_${tool}_$i.xml" "${ids[@]}"
-                rc=$?
-                # the test a timeout (or a kill) cut, and how long that had run: a lower bound for the next split
-                python3 "$repo/tools/sanitize_shards.py" cut --exit "$rc" --ended-at "$(date +%s.%N)" --tool "$tool" \
-                    --nodeids "$report_dir/sanitize_${tool}_$i.txt" --times "$DDTREE_TEST_TIMES"
-                echo "gpu_suite: shard exit $rc after $(( $(date +%s) - t0 )) s"
+                # a process per run of tests: one more after each test cut (tools/sanitize_run.py); timeout(1)
+                # only guards against the runner itself hanging
+                timeout -k 15 $(( limit + 60 )) python3 "$repo/tools/sanitize_run.py" --tool "$tool" \
+                    --nodeids "$report_dir/sanitize_${tool}_$i.txt" --root "$repo" --times "$DDTREE_TEST_TIMES" \
+                    --until $(( $(date +%s) + limit )) --test-limit "${SANITIZE_TEST_LIMIT:-0}" \
+                    --memory-limit-mb "$memory_mb" -- \
+                    compute-sanitizer --tool "$tool" "${extra[@]}" ${SANITIZE_ARGS:-} --error-exitcode 86 \
+                    python3 -m pytest -q -p no:cacheprovider
             ) >"${logs[i]}" 2>&1 &
             pids+=($!)
         done

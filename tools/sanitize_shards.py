@@ -3,7 +3,6 @@
 
     sanitize_shards.py split --shards N --out-dir DIR [--nodeids FILE] [--times XML_OR_JSONL ...]
     sanitize_shards.py summary --tool TOOL LOG ...
-    sanitize_shards.py cut --exit RC --nodeids SHARD --times JSONL --ended-at EPOCH --tool TOOL
 
 `split` reads pytest node ids (the output of `pytest --collect-only -q`: lines holding `::`, the rest ignored)
 from FILE or stdin, and writes at most N files DIR/shard_I.txt, one node id a line, balanced by the tests'
@@ -17,15 +16,15 @@ counts the median of the known ones. Each shard keeps the collection order, so a
 per shard. It prints the shard files' paths, one a line, and a line per shard on stderr with its test count and
 estimated seconds.
 
-`cut` appends to a shard's .jsonl, when its exit status RC says a timeout ended the shard, a record of the test
-it cut and how long that test had run (tools/gpu_suite.sh calls it): a lower bound of its time for the next split.
+A test that a sanitizer process ended inside (tools/sanitize_run.py: the deadline, a limit, a crash) has a `cut`
+record in its shard's .jsonl with how long it had run: a lower bound of its time for the next split.
 
-`summary` reads the shards' logs (each ending in the line `gpu_suite: shard exit RC after S s` that
-tools/gpu_suite.sh appends) and prints one line: the sanitizer's errors (and racecheck's warnings) over every
-shard's ERROR / RACECHECK SUMMARY (for a shard cut before it, the reports printed until then), the tests passed
-and failed (for a shard cut before pytest's last line, from the .times.jsonl beside its log), and every shard that
-failed, timed out or has no summary, or whose process ended with native objects alive (nanobind's leak report).
-Its exit status is 1 if any shard did.
+`summary` reads the shards' logs (tools/sanitize_run.py's, each ending in `gpu_suite: shard exit RC after S s`)
+and prints one line: the sanitizer's errors (and racecheck's warnings) over every process's ERROR / RACECHECK
+SUMMARY (for a process ended before it, the reports printed until then), the tests passed and failed (where a
+process ended before pytest's last line, from the .times.jsonl beside its log), and every shard that failed, timed
+out, had a test cut or a process end without its summary, or whose process ended with native objects alive
+(nanobind's leak report). Its exit status is 1 if any shard did.
 """
 
 from __future__ import annotations
@@ -45,6 +44,8 @@ PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpasse
 PYTEST_FINAL = re.compile(r"\bin \d+(\.\d+)?s\b")
 NANOBIND_REPORT = "nanobind: leaked"  # its report of objects, types or functions alive at exit
 NANOBIND_LEAKS = re.compile(r"nanobind: leaked (\d+) instances?")
+PROCESS_LINE = re.compile(r"^gpu_suite: process \d+ over \d+ tests$", re.MULTILINE)  # tools/sanitize_run.py
+CUT_LINE = re.compile(r"^gpu_suite: cut (\S+) after (\d+) s \((.*)\)$", re.MULTILINE)
 TIMED_OUT = {124, 137}  # timeout(1): the step ran past its limit (TERM, then KILL)
 # A report's first line is the sanitizer's prefix and an unindented text (its details are indented); these unindented
 # lines are the tool's own, not reports. A shard cut before its summary is judged by its reports printed so far.
@@ -143,18 +144,21 @@ def sanitizer_times(jsonl_paths, tool: str | None = None) -> dict[str, float]:
     return {**cut, **{node: seconds for node, (_, seconds) in ended.items()}}
 
 
-def cut_record(ids: list[str], records: list[dict], ended_at: float, tool: str) -> dict | None:
-    """The `cut` record of a shard that a timeout ended at `ended_at` (epoch seconds): its first test (in the
-    shard's order `ids`) without a teardown, and how long it had run, from its first phase's start (or, before its
-    setup ended, from the end of the last phase recorded); None when every test ended or nothing was recorded."""
+def cut_record(ids: list[str], records: list[dict], ended_at: float, tool: str, reason: str,
+               process_start: float) -> dict | None:
+    """The `cut` record of a test process over `ids` (in its order) that started at `process_start` and ended at
+    `ended_at` (epoch seconds) inside a test, for `reason`: the first of `ids` without a teardown, and how long it had
+    run, from its first phase's start (or, before its setup ended, from the end of the process's last phase
+    recorded, or from the process's start); None when every test ended."""
     finished = {r["nodeid"] for r in records if r["when"] == "teardown"}
     running = next((i for i in ids if i not in finished), None)
-    if running is None or not records:
+    if running is None:
         return None
     own = [float(r["at"]) - float(r["seconds"]) for r in records if r["nodeid"] == running and r["when"] != "cut"]
-    start = min(own) if own else max(float(r["at"]) for r in records)
+    later = [float(r["at"]) for r in records if float(r["at"]) >= process_start]
+    start = min(own) if own else max([process_start, *later])
     return {"nodeid": running, "when": "cut", "seconds": max(0.0, ended_at - start), "outcome": "cut",
-            "tool": tool, "at": ended_at}
+            "tool": tool, "at": ended_at, "reason": reason}
 
 
 def split_case_times(ids: list[str], measured: dict[str, float]) -> dict[str, float]:
@@ -243,36 +247,55 @@ def times_counts(jsonl_text: str) -> dict[str, int]:
     return counts
 
 
-def shard_report(text: str, times_text: str | None = None) -> dict:
-    """What one shard's log says: exit status and seconds (None when the line is missing), sanitizer errors and
-    warnings (without a summary: the reports printed before the cut, `summary` False), pytest's counts (without
-    its final line, those of the shard's .jsonl times when given, else empty), and whether nanobind reported
-    native objects alive at the interpreter's exit (an engine kept past its test), with the instances it
-    counted."""
-    exit_line = EXIT_LINE.findall(text)
-    rc, seconds = (int(exit_line[-1][0]), int(exit_line[-1][1])) if exit_line else (None, None)
+def process_counts(text: str) -> tuple[int, int, bool]:
+    """One compute-sanitizer process's errors and warnings (without its summary: the reports printed before it
+    ended), and whether it printed its summary."""
     race = RACECHECK_SUMMARY.findall(text)
     plain = ERROR_SUMMARY.findall(text)
-    has_summary = bool(race or plain)
     if race:
-        errors, warnings = int(race[-1][0]), int(race[-1][1])
-    elif plain:
-        errors, warnings = int(plain[-1]), 0
-    else:
-        reports = [line for line in SANITIZER_LINE.findall(text)
-                   if not line.startswith(NOT_A_REPORT) and not line.endswith("=")]  # nor a pytest separator
-        warnings = sum(line.startswith("Warning") for line in reports)
-        errors = len(reports) - warnings
+        return int(race[-1][0]), int(race[-1][1]), True
+    if plain:
+        return int(plain[-1]), 0, True
+    reports = [line for line in SANITIZER_LINE.findall(text)
+               if not line.startswith(NOT_A_REPORT) and not line.endswith("=")]  # nor a pytest separator
+    warnings = sum(line.startswith("Warning") for line in reports)
+    return len(reports) - warnings, warnings, False
+
+
+def shard_report(text: str, times_text: str | None = None) -> dict:
+    """What one shard's log says: exit status and seconds (None when the line is missing); the sanitizer's errors
+    and warnings summed over its processes (tools/sanitize_run.py runs one after each cut test); the processes that
+    ended without their summary, not cut either (`unsummarized`: the errors each printed; `summary` False when any
+    process lacks its summary); the tests cut (node id, seconds, reason, errors printed before the cut); pytest's
+    counts (where a process ended before its final line, those of the shard's .jsonl times when given); and whether
+    nanobind reported native objects alive at the interpreter's exit (an engine kept past its test), with the
+    instances it counted."""
+    exit_line = EXIT_LINE.findall(text)
+    rc, seconds = (int(exit_line[-1][0]), int(exit_line[-1][1])) if exit_line else (None, None)
+    processes = PROCESS_LINE.split(text)[1:] or [text]  # a log of one process (no such line) is one
+    errors = warnings = 0
+    cuts, finals, unsummarized, summaries = [], [], [], True
+    for out in processes:
+        e, w, has_summary = process_counts(out)
+        errors, warnings = errors + e, warnings + w
+        cut = CUT_LINE.findall(out)
+        cuts += [(node, int(sec), reason, e) for node, sec, reason in cut]
+        summaries = summaries and has_summary
+        if not has_summary and not cut:
+            unsummarized.append(e)
+        final = [line for line in out.splitlines() if PYTEST_FINAL.search(line) and PYTEST_COUNTS.search(line)]
+        finals.append(final[-1] if final else None)
     counts: dict[str, int] = {}
-    finals = [line for line in text.splitlines() if PYTEST_FINAL.search(line) and PYTEST_COUNTS.search(line)]
-    if finals:
-        for n, what in PYTEST_COUNTS.findall(finals[-1]):
-            counts["errors" if what.startswith("error") else what] = int(n)
-    elif times_text is not None:
+    if None in finals and times_text is not None:
         counts = times_counts(times_text)
+    else:
+        for final in filter(None, finals):
+            for n, what in PYTEST_COUNTS.findall(final):
+                what = "errors" if what.startswith("error") else what
+                counts[what] = counts.get(what, 0) + int(n)
     leaked = sum(int(n) for n in NANOBIND_LEAKS.findall(text)) if NANOBIND_REPORT in text else None
-    return {"rc": rc, "seconds": seconds, "errors": errors, "warnings": warnings, "summary": has_summary,
-            "counts": counts, "leaked": leaked}
+    return {"rc": rc, "seconds": seconds, "errors": errors, "warnings": warnings, "summary": summaries,
+            "unsummarized": unsummarized, "cuts": cuts, "counts": counts, "leaked": leaked}
 
 
 def summary_line(tool: str, reports: list[tuple[str, dict]]) -> tuple[str, bool]:
@@ -290,9 +313,13 @@ def summary_line(tool: str, reports: list[tuple[str, dict]]) -> tuple[str, bool]
             problems.append(f"{name}: timed out (exit {r['rc']})")
         elif r["rc"] != 0:
             problems.append(f"{name}: exit {r['rc']}")
-        if not r["summary"]:
-            problems.append(f"{name}: no sanitizer summary ({r['errors']} errors printed before it ended)"
-                            if r["errors"] else f"{name}: no sanitizer summary")
+        for node, sec, reason, printed in r["cuts"]:
+            problems.append(f"{name}: cut {node.split('::', 1)[-1]} after {sec} s ({reason}"
+                            + (f"; {printed} errors printed before it)" if printed else ")"))
+        if r["unsummarized"]:
+            printed = sum(r["unsummarized"])
+            problems.append(f"{name}: no sanitizer summary ({printed} errors printed before it ended)"
+                            if printed else f"{name}: no sanitizer summary")
         elif r["errors"]:
             problems.append(f"{name}: {r['errors']} errors")
         if r["leaked"] is not None:
@@ -302,21 +329,8 @@ def summary_line(tool: str, reports: list[tuple[str, dict]]) -> tuple[str, bool]
     extra = "".join(f", {n} {k}" for k, n in counts.items() if k not in ("passed", "failed", "skipped"))
     line = (f"{tool}: {errors} errors" + (f", {warnings} warnings" if tool == "racecheck" else "")
             + f" over {len(reports)} shards (slowest {slowest} s); tests {tests}{extra}")
-    failed = bool(problems) or counts.get("failed", 0) > 0 or counts.get("errors", 0) > 0
+    failed = bool(problems) or errors > 0 or counts.get("failed", 0) > 0 or counts.get("errors", 0) > 0
     return line + ("; FAILED: " + "; ".join(problems) if problems else ""), failed
-
-
-def cmd_cut(args: argparse.Namespace) -> int:
-    if args.exit not in TIMED_OUT:
-        return 0
-    times = Path(args.times)
-    records = [json.loads(line) for line in times.read_text().splitlines() if line.strip()] if times.exists() else []
-    record = cut_record(node_ids(Path(args.nodeids).read_text().splitlines()), records, args.ended_at, args.tool)
-    if record is not None:
-        with times.open("a") as out:
-            out.write(json.dumps(record) + "\n")
-        print(f"cut: {record['nodeid']} after {record['seconds']:.0f} s")
-    return 0
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
@@ -341,14 +355,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodeids", default="-", help="`pytest --collect-only -q` output (default: stdin)")
     p.add_argument("--tool", default=None, help="use only this sanitizer tool's .jsonl times")
     p.set_defaults(run=cmd_split)
-    c = sub.add_parser("cut", help="record the test a timeout cut, and how long it had run")
-    c.add_argument("--exit", type=int, required=True, help="the shard's exit status: nothing is recorded unless "
-                   "it timed out")
-    c.add_argument("--nodeids", required=True, help="the shard's node ids, in its order")
-    c.add_argument("--times", required=True, help="the shard's .jsonl times (the record is appended)")
-    c.add_argument("--ended-at", type=float, required=True, help="epoch seconds of the cut")
-    c.add_argument("--tool", required=True)
-    c.set_defaults(run=cmd_cut)
     s = sub.add_parser("summary", help="one line over the shards' logs of one tool")
     s.add_argument("--tool", required=True)
     s.add_argument("logs", nargs="+")

@@ -3,10 +3,12 @@ the reason."""
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import inspect
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -92,6 +94,13 @@ def sanitize_keep(keep):
 def _named(keep, params: dict) -> dict:
     """The parameters a sanitize_keep predicate names: adding a parametrization to its test leaves it as it is."""
     return {name: params[name] for name in inspect.signature(keep).parameters}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if sanitizing():
+        # tools/sanitize_run.py sends SIGUSR1 before it ends a test process (the deadline, a test's time or memory
+        # limit): the stacks of every thread say where the test was
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
