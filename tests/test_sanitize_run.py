@@ -140,3 +140,10 @@ def test_a_process_that_runs_no_test_ends_the_shard(tmp_path, monkeypatch, capfd
     rc = runner.run_shard([sys.executable, "-c", "import sys; sys.exit(4)"], ROOT, ["tests/gpu/t.py::ok[0]"],
                           times, "racecheck", time.time() + 60, 0.0, 0)
     assert rc == 4 and "process 1" not in capfd.readouterr().out and not times.exists()
+
+
+def test_every_tool_runs_with_the_common_options_then_its_own_then_the_callers() -> None:
+    for tool in ("memcheck", "racecheck", "initcheck", "synccheck"):
+        command = runner.sanitizer_command(tool, ["--kernel-name", "kns=ddtree"])
+        assert command[:3] == ["compute-sanitizer", "--tool", tool] and command[-2:] == ["--kernel-name", "kns=ddtree"]
+        assert "--error-exitcode" in command and ("device" in command)

@@ -66,7 +66,7 @@ fi
 # One sanitizer step per tool: the node ids (collected in the sanitizer mode, -k applied) in balanced shards, one
 # compute-sanitizer process per shard, all at once; then the tool's summary line (tools/sanitize_shards.py summary).
 sanitize_suite() {
-    local repo=$PWD shard_dir tool extra limit memory_mb i monitor ok=0
+    local repo=$PWD shard_dir tool limit memory_mb i monitor ok=0
     local -a shards pids times logs
     local -x DDTREE_SANITIZE=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1
     # the shards share the CPU cores: no numpy or torch thread pools sized for the whole machine in each
@@ -83,17 +83,8 @@ sanitize_suite() {
         mapfile -t times < <(compgen -G "bench/results/gpu_tests/*.xml"; compgen -G "bench/results/gpu_tests/*.jsonl")
     fi
     for tool in $SANITIZE; do
-        # Host backtraces off: to print them, compute-sanitizer keeps a reference to the Python frames of every CUDA
-        # call, which keeps each frame's locals (engines and their device memory) alive until exit; a kernel's
-        # errors still come with its device backtrace. API errors unreported: NCCL's initialization asks
-        # cudaFuncGetAttributes about each of its kernels and skips those without an sm_90 image (error 209,
-        # 8 reports per communicator); the runtime checks every CUDA call it makes outside destructors and raises,
-        # failing the test.
-        extra=(--show-backtrace device --report-api-errors no)
         case $tool in
-            memcheck) extra+=(--leak-check no) ;;
-            racecheck) extra+=(--racecheck-report all) ;;
-            initcheck | synccheck) ;;
+            memcheck | racecheck | initcheck | synccheck) ;;  # their options: tools/sanitize_run.py
             *) echo "SANITIZE: unknown tool $tool (memcheck, racecheck, initcheck, synccheck)"; ok=1; continue ;;
         esac
         # shards per tool: each tool slows the tests by its own factors (sanitize_shards.py --tool)
@@ -137,8 +128,7 @@ sanitize_suite() {
                 timeout -k 15 $(( limit + 60 )) python3 "$repo/tools/sanitize_run.py" --tool "$tool" \
                     --nodeids "$report_dir/sanitize_${tool}_$i.txt" --root "$repo" --times "$DDTREE_TEST_TIMES" \
                     --until $(( $(date +%s) + limit )) --test-limit "${SANITIZE_TEST_LIMIT:-0}" \
-                    --memory-limit-mb "$memory_mb" -- \
-                    compute-sanitizer --tool "$tool" "${extra[@]}" ${SANITIZE_ARGS:-} --error-exitcode 86 \
+                    --memory-limit-mb "$memory_mb" --sanitizer-args "${SANITIZE_ARGS:-}" -- \
                     python3 -m pytest -q -p no:cacheprovider
             ) >"${logs[i]}" 2>&1 &
             pids+=($!)

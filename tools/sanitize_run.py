@@ -3,10 +3,11 @@
 that have to be cut.
 
     sanitize_run.py --tool TOOL --nodeids SHARD --root DIR --times JSONL --until EPOCH
-                    [--test-limit SECONDS] [--memory-limit-mb MB] -- COMMAND ...
+                    [--test-limit SECONDS] [--memory-limit-mb MB] [--sanitizer-args ARGS] -- COMMAND ...
 
-COMMAND (compute-sanitizer and its options, then `python3 -m pytest ...`) runs over the shard's node ids (relative
-to DIR, as the tests record them; given to pytest under DIR), appended to it, in a session of its own. The tests record each phase in JSONL as it ends (DDTREE_TEST_TIMES, which the
+COMMAND (`python3 -m pytest ...`) runs under compute-sanitizer (sanitizer_command: the tool, the options every run
+takes, then ARGS) over the shard's node ids (relative to DIR, as the tests record them; given to pytest under DIR),
+appended to it, in a session of its own. The tests record each phase in JSONL as it ends (DDTREE_TEST_TIMES, which the
 caller sets; tests/gpu/conftest.py writes it). A process is ended when the deadline EPOCH passes, when its test
 has run --test-limit seconds, or when its processes' resident memory passes --memory-limit-mb: the shards share
 the host's memory, and one test's growth would otherwise bring the kernel's OOM killer onto whichever process it
@@ -36,11 +37,28 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sanitize_shards import cut_record, node_ids  # noqa: E402
 
+# Every run's options. Host backtraces off: to print them, compute-sanitizer keeps a reference to the Python frames of
+# every CUDA call, which keeps each frame's locals (engines and their device memory) alive until exit; a kernel's
+# errors still come with its device backtrace. API errors unreported: NCCL's initialization asks
+# cudaFuncGetAttributes about each of its kernels and skips those without an sm_90 image (error 209, 8 reports per
+# communicator); the runtime checks every CUDA call it makes outside destructors and raises, failing the test.
+COMMON_OPTIONS = ("--show-backtrace", "device", "--report-api-errors", "no", "--error-exitcode", "86")
+TOOL_OPTIONS = {
+    "memcheck": ("--leak-check", "no"),  # leaks are caught a level up: nanobind reports engines alive at exit
+    "racecheck": ("--racecheck-report", "all"),  # each hazard, not only the analysis
+    "initcheck": (),
+    "synccheck": (),
+}
 POLL_SECONDS = 2.0
 DUMP_SECONDS = 3.0  # for the stacks to be written before the kill
 TERM_SECONDS = 10.0  # SIGTERM, then SIGKILL
 MIN_PROCESS_SECONDS = 20.0  # no new process with less time left than this before the deadline
 DEADLINE_EXIT = 124  # as timeout(1): tools/sanitize_shards.py reads it as the shard timed out
+
+
+def sanitizer_command(tool: str, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """compute-sanitizer with `tool`, the options every run takes, then `extra`."""
+    return ["compute-sanitizer", "--tool", tool, *COMMON_OPTIONS, *TOOL_OPTIONS[tool], *extra]
 
 
 def session_pids(sid: int) -> list[int]:
@@ -176,7 +194,7 @@ def run_shard(command: list[str], root: Path, ids: list[str], times: Path, tool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tool", required=True)
+    parser.add_argument("--tool", required=True, choices=sorted(TOOL_OPTIONS))
     parser.add_argument("--nodeids", required=True, help="the shard's node ids, one a line")
     parser.add_argument("--root", required=True, help="the directory the node ids are relative to")
     parser.add_argument("--times", required=True, help="the shard's .jsonl times (DDTREE_TEST_TIMES)")
@@ -184,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-limit", type=float, default=0.0, help="seconds one test may run (0: no limit)")
     parser.add_argument("--memory-limit-mb", type=int, default=0,
                         help="resident memory the shard's processes may hold together (0: no limit)")
+    parser.add_argument("--sanitizer-args", default="", help="more compute-sanitizer options (split at spaces)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command the node ids go after")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -192,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.test_limit < 0 or args.memory_limit_mb < 0:
         parser.error("--test-limit and --memory-limit-mb must not be negative")
     ids = node_ids(Path(args.nodeids).read_text().splitlines())
+    command = sanitizer_command(args.tool, args.sanitizer_args.split()) + command
     return run_shard(command, Path(args.root), ids, Path(args.times), args.tool, args.until, args.test_limit,
                      args.memory_limit_mb)
 

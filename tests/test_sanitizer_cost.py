@@ -1,0 +1,49 @@
+"""tools/sanitizer_cost.py, which finds what checking each kernel family costs a compute-sanitizer tool by leaving
+one family out at a time: the families cover every kernel, each exclusion matches its family's mangled names only,
+and a variant's seconds, memory, exit and summary come back (a variant past its limit is ended)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+_spec = importlib.util.spec_from_file_location("sanitizer_cost", ROOT / "tools" / "sanitizer_cost.py")
+cost = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cost)
+
+
+def test_the_families_hold_every_kernel_once() -> None:
+    families = cost.kernel_families()
+    names = [n for ns in families.values() for n in ns]
+    declared = sum(p.read_text().count("__global__") for p in (ROOT / "kernels").glob("*.cu"))
+    assert len(names) == len(set(names)) == declared
+    assert "topk_kernel" in families["topk"] and "sample_kernel" in families["sample"]
+
+
+def test_an_exclusion_matches_its_family_and_no_other() -> None:
+    families = cost.kernel_families()
+    # as nvcc mangles a kernel in an anonymous namespace inside ddtree, and a template instance
+    mangled = {n: f"_ZN6ddtree12_GLOBAL__N_1{len(n)}{n}ILi64ELi2EEEvPKfPii" for ns in families.values() for n in ns}
+    for stem, names in families.items():
+        pattern = re.compile(cost.exclude_filter(names).removeprefix("regex="))
+        assert {n for n, m in mangled.items() if pattern.search(m)} == set(names), stem
+    assert [v[0] for v in cost.variants(families)][:2] == ["all", "none"]
+
+
+def test_a_variant_reports_its_seconds_and_summary_and_is_ended_past_its_limit(tmp_path: Path) -> None:
+    done = cost.run_variant("all", [sys.executable, "-c", "print('workload seconds: 1.500'); print("
+                                    "'========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)')"],
+                            tmp_path / "a.log", 30.0, 0)
+    assert (done["workload_s"], done["exit"], done["ended"]) == (1.5, 0, None)
+    assert done["summary"].startswith("RACECHECK SUMMARY: 0 hazards")
+    slow = cost.run_variant("without gemm", [sys.executable, "-c", "import time; time.sleep(60)"],
+                            tmp_path / "b.log", 1.0, 0)
+    assert slow["ended"] == "limit 1 s" and slow["workload_s"] is None and slow["wall_s"] < 30
+    text = cost.report("racecheck", "decode", "tiny", 0.5, [done, {**done, "variant": "none", "workload_s": 1.0}, slow,
+                                                             {**done, "variant": "without mla_attn", "workload_s": 0.7}])
+    rows = [line for line in text.splitlines() if line.startswith("| without")]
+    assert rows[0].startswith("| without mla_attn | 0.7 | 0.8 |") and rows[1].startswith("| without gemm | - |  |")
