@@ -17,9 +17,10 @@
 # (tests/gpu/conftest.py: repetition trimmed, coverage kept) and torch's caching allocator off, so that memcheck
 # sees every allocation's bounds. Each shard runs under tools/sanitize_run.py and logs sanitize_TOOL_I.log (its node
 # ids in sanitize_TOOL_I.txt, its per-test seconds in sanitize_TOOL_I.times.jsonl, written test by test): a test that
-# runs past $SANITIZE_TEST_LIMIT seconds (default: no limit) or whose processes hold more than $SANITIZE_MEMORY_MB
-# (default: the shard's share of 90% of the host's memory) is cut, its Python stacks printed, and a new process runs
-# the shard's tests after it; the step's deadline cuts the test then running and ends the shard. Then one line per
+# runs past $SANITIZE_TEST_LIMIT seconds from its start (default: no limit) or whose processes hold more than
+# $SANITIZE_MEMORY_MB (default: the shard's share of 90% of the host's memory) is cut, its Python stacks printed into
+# the log, and a new process runs the shard's tests that have not run; the step's deadline cuts the test then running
+# and ends the shard. Then one line per
 # tool sums the sanitizer's errors and the tests over the shards, and a shard's error, failed or cut test or timeout
 # fails the suite, as does a test process (plain or sanitized) that exits with native objects alive (nanobind's leak
 # report: an engine kept past its test). sanitize_TOOL_memory.txt holds the host's and the GPU's used memory every
@@ -63,8 +64,9 @@ else
     rm -rf build/gpu-suite
 fi
 
-# One sanitizer step per tool: the node ids (collected in the sanitizer mode, -k applied) in balanced shards, one
-# compute-sanitizer process per shard, all at once; then the tool's summary line (tools/sanitize_shards.py summary).
+# One sanitizer step per tool: the node ids (collected in the sanitizer mode, -k applied) in balanced shards, all at
+# once, each under tools/sanitize_run.py (a compute-sanitizer process, one more after each test cut); then the tool's
+# summary line (tools/sanitize_shards.py summary).
 sanitize_suite() {
     local repo=$PWD shard_dir tool limit memory_mb i monitor ok=0
     local -a shards pids times logs
@@ -123,12 +125,12 @@ sanitize_suite() {
                 cd /tmp || exit 1
                 export DDTREE_TEST_TIMES="$report_dir/sanitize_${tool}_$i.times.jsonl" DDTREE_SANITIZE_TOOL=$tool
                 rm -f "$DDTREE_TEST_TIMES"
-                # a process per run of tests: one more after each test cut (tools/sanitize_run.py); timeout(1)
-                # only guards against the runner itself hanging
+                # the runner keeps the deadline itself; timeout(1) only guards against the runner hanging (its
+                # SIGTERM ends the runner's sanitizer session too)
                 timeout -k 15 $(( limit + 60 )) python3 "$repo/tools/sanitize_run.py" --tool "$tool" \
                     --nodeids "$report_dir/sanitize_${tool}_$i.txt" --root "$repo" --times "$DDTREE_TEST_TIMES" \
                     --until $(( $(date +%s) + limit )) --test-limit "${SANITIZE_TEST_LIMIT:-0}" \
-                    --memory-limit-mb "$memory_mb" --sanitizer-args "${SANITIZE_ARGS:-}" -- \
+                    --memory-limit-mb "$memory_mb" --sanitizer-args="${SANITIZE_ARGS:-}" -- \
                     python3 -m pytest -q -p no:cacheprovider
             ) >"${logs[i]}" 2>&1 &
             pids+=($!)

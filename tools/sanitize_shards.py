@@ -46,7 +46,7 @@ NANOBIND_REPORT = "nanobind: leaked"  # its report of objects, types or function
 NANOBIND_LEAKS = re.compile(r"nanobind: leaked (\d+) instances?")
 PROCESS_LINE = re.compile(r"^gpu_suite: process \d+ over \d+ tests$", re.MULTILINE)  # tools/sanitize_run.py
 CUT_LINE = re.compile(r"^gpu_suite: cut (\S+) after (\d+) s \((.*)\)$", re.MULTILINE)
-TIMED_OUT = {124, 137}  # timeout(1): the step ran past its limit (TERM, then KILL)
+TIMED_OUT = {124}  # tools/sanitize_run.py's shard exit when its deadline left tests unrun
 # A report's first line is the sanitizer's prefix and an unindented text (its details are indented); these unindented
 # lines are the tool's own, not reports. A shard cut before its summary is judged by its reports printed so far.
 SANITIZER_LINE = re.compile(r"^========= (\S.*)$", re.MULTILINE)
@@ -119,8 +119,8 @@ def known_durations(ids: list[str], times: dict[tuple[str, str], float]) -> list
 
 def sanitizer_times(jsonl_paths, tool: str | None = None) -> dict[str, float]:
     """Each node id's seconds over its phases in the .jsonl files (of `tool`'s runs only, when given), from the
-    run that ended it last. A test never ended in any of them counts the longest it ran before a timeout cut it
-    (its `cut` records, cut_record): its phases alone would make the slowest test look free."""
+    run that ended it last. A test never ended in any of them counts the longest it ran before a cut (its `cut`
+    records, tools/sanitize_run.py): its phases alone would make the slowest test look free."""
     phases: dict[tuple[str, str], float] = {}  # (node id, file) -> seconds of the phases seen so far
     ended: dict[str, tuple[float, float]] = {}  # node id -> (teardown time, seconds), the latest
     cut: dict[str, float] = {}  # node id -> the longest it ran before a cut
@@ -135,6 +135,8 @@ def sanitizer_times(jsonl_paths, tool: str | None = None) -> dict[str, float]:
             if record["when"] == "cut":
                 cut[node] = max(cut.get(node, 0.0), float(record["seconds"]))
                 continue
+            if record["when"] == "start":
+                continue
             key = (node, str(path))
             phases[key] = phases.get(key, 0.0) + float(record["seconds"])
             if record["when"] == "teardown":
@@ -142,23 +144,6 @@ def sanitizer_times(jsonl_paths, tool: str | None = None) -> dict[str, float]:
                 if at >= ended.get(node, (-1.0, 0.0))[0]:
                     ended[node] = (at, seconds)
     return {**cut, **{node: seconds for node, (_, seconds) in ended.items()}}
-
-
-def cut_record(ids: list[str], records: list[dict], ended_at: float, tool: str, reason: str,
-               process_start: float) -> dict | None:
-    """The `cut` record of a test process over `ids` (in its order) that started at `process_start` and ended at
-    `ended_at` (epoch seconds) inside a test, for `reason`: the first of `ids` without a teardown, and how long it had
-    run, from its first phase's start (or, before its setup ended, from the end of the process's last phase
-    recorded, or from the process's start); None when every test ended."""
-    finished = {r["nodeid"] for r in records if r["when"] == "teardown"}
-    running = next((i for i in ids if i not in finished), None)
-    if running is None:
-        return None
-    own = [float(r["at"]) - float(r["seconds"]) for r in records if r["nodeid"] == running and r["when"] != "cut"]
-    later = [float(r["at"]) for r in records if float(r["at"]) >= process_start]
-    start = min(own) if own else max([process_start, *later])
-    return {"nodeid": running, "when": "cut", "seconds": max(0.0, ended_at - start), "outcome": "cut",
-            "tool": tool, "at": ended_at, "reason": reason}
 
 
 def split_case_times(ids: list[str], measured: dict[str, float]) -> dict[str, float]:
@@ -235,7 +220,8 @@ def times_counts(jsonl_text: str) -> dict[str, int]:
     for line in jsonl_text.splitlines():
         if line.strip():
             record = json.loads(line)
-            outcomes.setdefault(record["nodeid"], {})[record["when"]] = record["outcome"]
+            if record["when"] in ("setup", "call", "teardown"):
+                outcomes.setdefault(record["nodeid"], {})[record["when"]] = record["outcome"]
     counts: dict[str, int] = {}
     for phases in outcomes.values():
         if "teardown" not in phases:
@@ -265,8 +251,7 @@ def process_counts(text: str) -> tuple[int, int, bool]:
 def shard_report(text: str, times_text: str | None = None) -> dict:
     """What one shard's log says: exit status and seconds (None when the line is missing); the sanitizer's errors
     and warnings summed over its processes (tools/sanitize_run.py runs one after each cut test); the processes that
-    ended without their summary, not cut either (`unsummarized`: the errors each printed; `summary` False when any
-    process lacks its summary); the tests cut (node id, seconds, reason, errors printed before the cut); pytest's
+    ended without their summary, not cut either (`unsummarized`: the errors each printed); the tests cut (node id, seconds, reason, errors printed before the cut); pytest's
     counts (where a process ended before its final line, those of the shard's .jsonl times when given); and whether
     nanobind reported native objects alive at the interpreter's exit (an engine kept past its test), with the
     instances it counted."""
@@ -274,13 +259,12 @@ def shard_report(text: str, times_text: str | None = None) -> dict:
     rc, seconds = (int(exit_line[-1][0]), int(exit_line[-1][1])) if exit_line else (None, None)
     processes = PROCESS_LINE.split(text)[1:] or [text]  # a log of one process (no such line) is one
     errors = warnings = 0
-    cuts, finals, unsummarized, summaries = [], [], [], True
+    cuts, finals, unsummarized = [], [], []
     for out in processes:
         e, w, has_summary = process_counts(out)
         errors, warnings = errors + e, warnings + w
         cut = CUT_LINE.findall(out)
         cuts += [(node, int(sec), reason, e) for node, sec, reason in cut]
-        summaries = summaries and has_summary
         if not has_summary and not cut:
             unsummarized.append(e)
         final = [line for line in out.splitlines() if PYTEST_FINAL.search(line) and PYTEST_COUNTS.search(line)]
@@ -294,8 +278,7 @@ def shard_report(text: str, times_text: str | None = None) -> dict:
                 what = "errors" if what.startswith("error") else what
                 counts[what] = counts.get(what, 0) + int(n)
     leaked = sum(int(n) for n in NANOBIND_LEAKS.findall(text)) if NANOBIND_REPORT in text else None
-    return {"rc": rc, "seconds": seconds, "errors": errors, "warnings": warnings, "summary": summaries,
-            "unsummarized": unsummarized, "cuts": cuts, "counts": counts, "leaked": leaked}
+    return {"rc": rc, "seconds": seconds, "errors": errors, "warnings": warnings, "unsummarized": unsummarized, "cuts": cuts, "counts": counts, "leaked": leaked}
 
 
 def summary_line(tool: str, reports: list[tuple[str, dict]]) -> tuple[str, bool]:

@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """What each kernel family costs a compute-sanitizer tool, found by leaving one out at a time.
 
-    tools/sanitizer_cost.py --tool racecheck --workload decode [--preset tiny] [--jobs 8] [--limit 300]
-                            [--memory-limit-mb MB] --out DIR
+    tools/sanitizer_cost.py --tool racecheck --workload decode [--preset tiny] [--families a,b,..] [--jobs 8]
+                            [--limit 300] [--memory-limit-mb MB] --out DIR
 
-Runs one engine workload plainly, then under the tool in several variants, --jobs processes at a time: every kernel
-checked (`all`), none (`none`), and once per family (the kernels of one kernels/*.cu) left unchecked
-(`--kernel-name-exclude`). Each variant reports its wall seconds, the most resident memory its processes held
-together, its exit and the tool's summary line; a variant past --limit seconds or --memory-limit-mb is ended (the
-memory guard of tools/sanitize_run.py). What leaving a family out saves is what checking it costs, and a family
-whose exclusion alone keeps the memory down is the one that grows it. Variants share the GPU and the host, so the
-seconds are compared within one run only. Writes sanitizer_cost.md and sanitizer_cost.json to DIR.
+Runs one engine workload plainly, then under the tool in variants: every kernel checked (`all`), none (`none`), and
+once per family (the kernels of one kernels/*.cu; --families picks some) left unchecked (`--kernel-name-exclude`).
+The variants run in waves of --jobs processes, each wave with an `all` of its own, since processes that share the
+GPU and the host slow each other: a variant is compared with its own wave's `all` only. Each reports its workload
+seconds (measured in the child), wall seconds, the most resident memory its processes held together, its exit and
+the tool's summary line; one past --limit seconds or --memory-limit-mb is ended (tools/sanitizer_process.py, its
+stacks printed into its log first). What leaving a family out saves is what checking it costs, and a family whose
+exclusion alone keeps the memory down is the one that grows it. sanitizer_cost.md and sanitizer_cost.json in DIR
+are rewritten after each wave, so a run cut short keeps the waves it finished.
 
 Workloads (the calls of the tests that racecheck could not get through, shortened):
 - decode: a 3-stream engine with its drafter, prompts of 5, 14 and 23 tokens, 4 new tokens of AR, then of DDTree
@@ -27,14 +29,14 @@ import faulthandler
 import json
 import re
 import signal
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sanitize_run import end_session, resident_mb, sanitizer_command, session_pids  # noqa: E402
+from sanitizer_process import TOOL_OPTIONS, sanitizer_command, supervise  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ("decode", "prefill")
@@ -42,6 +44,17 @@ NEW_TOKENS = 4
 SUMMARY = re.compile(r"(ERROR SUMMARY: .*|RACECHECK SUMMARY: .*)")
 # `__global__ void [__cluster_dims__(..)] [__launch_bounds__(..)] name(`, attributes in either order
 KERNEL = re.compile(r"__global__\s+(?:(?:void|__(?:cluster_dims|launch_bounds)__\([^)]*\))\s+)*(\w+_kernel)\s*\(")
+
+
+class Variant(TypedDict):
+    variant: str
+    wave: int
+    workload_s: float | None
+    wall_s: float
+    peak_mb: int
+    exit: int
+    ended: str | None
+    summary: str | None
 
 
 def kernel_families(kernels_dir: Path = ROOT / "kernels") -> dict[str, list[str]]:
@@ -55,15 +68,17 @@ def kernel_families(kernels_dir: Path = ROOT / "kernels") -> dict[str, list[str]
 
 
 def exclude_filter(names: list[str]) -> str:
-    """A --kernel-name(-exclude) regex matching these functions in mangled names, where each name is `<length><name>`
-    (no kernel's name ends another's)."""
-    return "regex=" + "|".join(f"{len(n)}{n}" for n in names)
+    """A --kernel-name(-exclude) regex for these functions in mangled names, where each is `<length><name>` (no
+    kernel's name ends another's); `.*` on both sides, whether the tool searches or matches the whole name."""
+    return "regex=.*(" + "|".join(f"{len(n)}{n}" for n in names) + ").*"
 
 
-def variants(families: dict[str, list[str]]) -> list[tuple[str, list[str]]]:
-    out = [("all", []), ("none", ["--kernel-name", "kns=no_kernel_has_this_name"])]
-    out += [(f"without {stem}", ["--kernel-name-exclude", exclude_filter(names)]) for stem, names in families.items()]
-    return out
+def waves(families: dict[str, list[str]], jobs: int) -> list[list[tuple[str, list[str]]]]:
+    """The variants in waves of at most `jobs` (at least 2), each led by an `all`; `none` in the first."""
+    singles = [("none", ["--kernel-name", "kns=no_kernel_has_this_name"])]
+    singles += [(f"without {stem}", ["--kernel-name-exclude", exclude_filter(names)]) for stem, names in families.items()]
+    per_wave = max(jobs, 2) - 1
+    return [[("all", []), *singles[i:i + per_wave]] for i in range(0, len(singles), per_wave)]
 
 
 # ---- the workload, run in the child process -----------------------------------------------------------------------
@@ -93,47 +108,43 @@ def run_workload(workload: str, model_dir: Path, drafter_dir: Path) -> float:
 
 # ---- the variants, run from the parent ----------------------------------------------------------------------------
 
-def run_variant(name: str, command: list[str], log: Path, limit: float, memory_limit_mb: int) -> dict:
+def run_variant(name: str, wave: int, command: list[str], log: Path, limit: float, memory_limit_mb: int) -> Variant:
     t0 = time.time()
-    peak, reason = 0, None
+
+    def reason_to_end(used_mb: int) -> str | None:
+        if time.time() - t0 > limit:
+            return f"limit {limit:.0f} s"
+        return f"memory {used_mb} MB" if 0 < memory_limit_mb < used_mb else None
+
     with log.open("w") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        while proc.poll() is None:
-            time.sleep(1.0)
-            used = resident_mb(session_pids(proc.pid))
-            peak = max(peak, used)
-            if time.time() - t0 > limit:
-                reason = f"limit {limit:.0f} s"
-            elif memory_limit_mb and used > memory_limit_mb:
-                reason = f"memory {used} MB"
-            if reason is not None and proc.poll() is None:
-                end_session(proc)
-                break
+        rc, reason, peak = supervise(command, out, reason_to_end)
     text = log.read_text(errors="replace")
     summary = SUMMARY.findall(text)
     seconds = re.findall(r"workload seconds: ([0-9.]+)", text)
-    return {"variant": name, "wall_s": round(time.time() - t0, 1),
-            "workload_s": float(seconds[-1]) if seconds else None, "peak_mb": peak, "exit": proc.returncode,
-            "ended": reason, "summary": summary[-1] if summary else None}
+    return {"variant": name, "wave": wave, "workload_s": float(seconds[-1]) if seconds else None,
+            "wall_s": round(time.time() - t0, 1), "peak_mb": peak, "exit": rc, "ended": reason,
+            "summary": summary[-1] if summary else None}
 
 
-def report(tool: str, workload: str, preset: str, plain_s: float, rows: list[dict]) -> str:
-    by_name = {r["variant"]: r for r in rows}
-    everything = by_name["all"]["workload_s"]
+def saves(row: Variant, rows: list[Variant]) -> float | None:
+    """The seconds leaving the variant's kernels unchecked saved against its wave's `all`."""
+    base = next((r["workload_s"] for r in rows if r["variant"] == "all" and r["wave"] == row["wave"]), None)
+    return None if base is None or row["workload_s"] is None else base - row["workload_s"]
+
+
+def report(tool: str, workload: str, preset: str, plain_s: float, rows: list[Variant]) -> str:
     lines = [f"# {tool} cost by kernel family: workload `{workload}` on `{preset}`", "",
-             f"Plain (no sanitizer): {plain_s:.1f} s. Seconds are the workload's own (engine creation and calls), "
-             "measured in the child; `saves` is `all` minus the variant.", "",
-             "| variant | workload s | saves s | wall s | peak host MB | exit | ended | summary |",
-             "|---|---:|---:|---:|---:|---:|---|---|"]
-    def saves(r: dict) -> float | None:
-        return None if everything is None or r["workload_s"] is None else everything - r["workload_s"]
-    ordered = [by_name["all"], by_name["none"]] + sorted(
-        (r for r in rows if r["variant"] not in ("all", "none")), key=lambda r: -(saves(r) or 0.0))
-    for r in ordered:
+             f"Plain (no sanitizer): {plain_s:.1f} s. `workload s`: the workload's own seconds (engine creation and "
+             "calls), measured in the child; `saves s`: its wave's `all` minus it.", "",
+             "| variant | wave | workload s | saves s | wall s | peak host MB | exit | ended | summary |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    leaders = [r for r in rows if r["variant"] in ("all", "none")]
+    others = sorted((r for r in rows if r["variant"] not in ("all", "none")), key=lambda r: -(saves(r, rows) or 0.0))
+    for r in leaders + others:
         workload_s = "-" if r["workload_s"] is None else f"{r['workload_s']:.1f}"
-        saved = "" if r["variant"] in ("all", "none") or saves(r) is None else f"{saves(r):.1f}"
-        lines.append(f"| {r['variant']} | {workload_s} | {saved} | {r['wall_s']:.0f} | {r['peak_mb']} | {r['exit']} | "
-                     f"{r['ended'] or ''} | {r['summary'] or ''} |")
+        saved = saves(r, rows) if r["variant"] != "all" else None
+        lines.append(f"| {r['variant']} | {r['wave']} | {workload_s} | {'' if saved is None else f'{saved:.1f}'} | "
+                     f"{r['wall_s']:.0f} | {r['peak_mb']} | {r['exit']} | {r['ended'] or ''} | {r['summary'] or ''} |")
     return "\n".join(lines) + "\n"
 
 
@@ -149,10 +160,11 @@ def make_models(out: Path, preset: str) -> tuple[Path, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tool", choices=("memcheck", "racecheck", "initcheck", "synccheck"), default="racecheck")
+    parser.add_argument("--tool", choices=sorted(TOOL_OPTIONS), default="racecheck")
     parser.add_argument("--workload", choices=WORKLOADS, required=True)
     parser.add_argument("--preset", default="tiny", help="the random target (and drafter) preset")
-    parser.add_argument("--jobs", type=int, default=8, help="variants run at once")
+    parser.add_argument("--families", default="", help="comma-separated kernels/*.cu stems (default: every one)")
+    parser.add_argument("--jobs", type=int, default=8, help="processes a wave runs at once, its `all` among them")
     parser.add_argument("--limit", type=float, default=300.0, help="seconds a variant may run")
     parser.add_argument("--memory-limit-mb", type=int, default=0, help="resident memory a variant may hold (0: none)")
     parser.add_argument("--out", type=Path, help="where the report and the variants' logs go")
@@ -168,26 +180,35 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is None:
         parser.error("--out is required")
-    if args.jobs < 1 or args.limit <= 0 or args.memory_limit_mb < 0:
-        parser.error("--jobs and --limit must be positive, --memory-limit-mb not negative")
+    if args.jobs < 2 or args.limit <= 0 or args.memory_limit_mb < 0:
+        parser.error("--jobs must be at least 2, --limit positive, --memory-limit-mb not negative")
+    families = kernel_families()
+    if args.families:
+        chosen = args.families.split(",")
+        unknown = sorted(set(chosen) - set(families))
+        if unknown:
+            parser.error(f"--families: no kernels/{unknown[0]}.cu with kernels; families: {', '.join(families)}")
+        families = {stem: families[stem] for stem in chosen}
     args.out.mkdir(parents=True, exist_ok=True)
     model_dir, drafter_dir = make_models(args.out, args.preset)
     child = [sys.executable, str(Path(__file__).resolve()), "--run", "--workload", args.workload,
              "--model-dir", str(model_dir), "--drafter-dir", str(drafter_dir)]
-    plain = run_variant("plain", child, args.out / "plain.log", args.limit, 0)
+    plain = run_variant("plain", 0, child, args.out / "plain.log", args.limit, 0)
     if plain["exit"] != 0 or plain["workload_s"] is None:
         print(f"the workload failed without a sanitizer; see {args.out / 'plain.log'}", file=sys.stderr)
         return 1
-    jobs = variants(kernel_families())
-    with ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(lambda v: run_variant(
-            v[0], sanitizer_command(args.tool, v[1]) + child,
-            args.out / f"{args.tool}_{v[0].replace(' ', '_')}.log", args.limit, args.memory_limit_mb), jobs))
-    text = report(args.tool, args.workload, args.preset, plain["workload_s"], rows)
-    (args.out / "sanitizer_cost.md").write_text(text)
-    (args.out / "sanitizer_cost.json").write_text(json.dumps(
-        {"tool": args.tool, "workload": args.workload, "preset": args.preset, "plain_s": plain["workload_s"],
-         "variants": rows}, indent=1) + "\n")
+    rows: list[Variant] = []
+    for index, wave in enumerate(waves(families, args.jobs), start=1):
+        with ThreadPoolExecutor(len(wave)) as pool:
+            rows += pool.map(lambda v: run_variant(
+                v[0], index, sanitizer_command(args.tool, v[1]) + child,
+                args.out / f"{args.tool}_{index}_{v[0].replace(' ', '_')}.log", args.limit, args.memory_limit_mb),
+                wave)
+        text = report(args.tool, args.workload, args.preset, plain["workload_s"], rows)
+        (args.out / "sanitizer_cost.md").write_text(text)
+        (args.out / "sanitizer_cost.json").write_text(json.dumps(
+            {"tool": args.tool, "workload": args.workload, "preset": args.preset, "plain_s": plain["workload_s"],
+             "variants": rows}, indent=1) + "\n")
     print(text)
     return 0
 

@@ -9,6 +9,7 @@ import inspect
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -96,11 +97,17 @@ def _named(keep, params: dict) -> dict:
     return {name: params[name] for name in inspect.signature(keep).parameters}
 
 
+_STACKS_OUT = None  # the stack dumps' stream in the sanitizer mode (pytest_configure), open for the process's life
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if sanitizing():
         # tools/sanitize_run.py sends SIGUSR1 before it ends a test process (the deadline, a test's time or memory
-        # limit): the stacks of every thread say where the test was
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        # limit): the stacks of every thread say where the test was. To a copy of the process's stderr, kept for its
+        # life: pytest's capture of a running test would take the stacks away with the process.
+        global _STACKS_OUT
+        _STACKS_OUT = os.fdopen(os.dup(sys.stderr.fileno()), "w")
+        faulthandler.register(signal.SIGUSR1, file=_STACKS_OUT, all_threads=True)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -124,16 +131,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=_REASON))
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """With DDTREE_TEST_TIMES set (tools/gpu_suite.sh does, per sanitizer shard), each phase's seconds of each test
-    go to that file as a JSON line as soon as the phase ends: a shard cut by its timeout still leaves the times of
-    what it ran, which tools/sanitize_shards.py balances the next shards by."""
+def _record_test_time(nodeid: str, when: str, seconds: float, outcome: str) -> None:
+    """With DDTREE_TEST_TIMES set (tools/gpu_suite.sh does, per sanitizer shard), a JSON line to that file at once:
+    tools/sanitize_run.py reads it while the tests run (which test is running, since when), a shard cut short still
+    leaves the times of what it ran, and tools/sanitize_shards.py balances the next shards by them."""
     path = os.environ.get("DDTREE_TEST_TIMES")
     if path:
         with open(path, "a") as out:
-            out.write(json.dumps({"nodeid": report.nodeid, "when": report.when, "seconds": report.duration,
-                                  "outcome": report.outcome, "tool": os.environ.get("DDTREE_SANITIZE_TOOL", ""),
-                                  "at": time.time()}) + "\n")
+            out.write(json.dumps({"nodeid": nodeid, "when": when, "seconds": seconds, "outcome": outcome,
+                                  "tool": os.environ.get("DDTREE_SANITIZE_TOOL", ""), "at": time.time()}) + "\n")
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
+    _record_test_time(nodeid, "start", 0.0, "started")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _record_test_time(report.nodeid, report.when, report.duration, report.outcome)
 
 
 @pytest.fixture(autouse=True)
