@@ -61,6 +61,8 @@ for arg in sys.argv[1:]:
         os._exit(9)
     elif behaviour == "just_over":  # past the limit, but done before its stacks are
         time.sleep(float(os.environ["JUST_OVER_SECONDS"]))
+    elif behaviour == "nap":
+        time.sleep(float(os.environ["NAP_SECONDS"]))
     record(node, "call", 0.01)
     record(node, "teardown")
 print(f"{len(sys.argv) - 1} passed in 0.10s")
@@ -135,11 +137,22 @@ def test_a_test_past_the_memory_limit_is_cut(tmp_path, monkeypatch, capfd, fast)
 
 
 def test_a_test_that_ends_while_its_stacks_are_printed_is_not_cut(tmp_path, monkeypatch, capfd, fast) -> None:
+    # the limit comes at 3 s, its check again at 5 s: just_over ended at 3.5 s, and nap, from then on, runs to
+    # 6 s, inside its own limit; so the process goes on past the check
     monkeypatch.setattr(process, "DUMP_SECONDS", 2.0)
-    monkeypatch.setenv("JUST_OVER_SECONDS", "2.4")  # past the 2 s limit, well before the 2 s for the stacks end
-    ids = ["tests/gpu/t.py::just_over[0]", "tests/gpu/t.py::ok[1]"]
-    rc, log, records = _run(tmp_path, monkeypatch, capfd, ids, test_limit=2.0)
-    assert rc == 0 and _cuts(records) == [] and _finished(records) == ["just_over[0]", "ok[1]"], log
+    monkeypatch.setenv("JUST_OVER_SECONDS", "3.5")
+    monkeypatch.setenv("NAP_SECONDS", "2.5")
+    ids = ["tests/gpu/t.py::just_over[0]", "tests/gpu/t.py::nap[1]", "tests/gpu/t.py::ok[2]"]
+    rc, log, records = _run(tmp_path, monkeypatch, capfd, ids, test_limit=3.0)
+    assert rc == 0 and _cuts(records) == [] and _finished(records) == ["just_over[0]", "nap[1]", "ok[2]"], log
+    assert "gpu_suite: process 1" not in log
+
+
+def test_a_cut_names_a_test_whose_id_holds_a_space(tmp_path, monkeypatch, capfd, fast) -> None:
+    rc, log, records = _run(tmp_path, monkeypatch, capfd, ["tests/gpu/t.py::crash[a b]", "tests/gpu/t.py::ok[1]"])
+    assert rc == 9 and _cuts(records) == [("crash[a b]", "exit 9")]
+    [(node, _, reason, _)] = shards.shard_report(log)["cuts"]
+    assert (node, reason) == ("tests/gpu/t.py::crash[a b]", "exit 9")
 
 
 def test_the_deadline_ends_the_shard(tmp_path, monkeypatch, capfd, fast) -> None:
@@ -149,6 +162,15 @@ def test_the_deadline_ends_the_shard(tmp_path, monkeypatch, capfd, fast) -> None
     assert "gpu_suite: process 1" not in log  # no process after the deadline
     line, failed = shards.summary_line("racecheck", [("a.log", shards.shard_report(log))])
     assert failed and "timed out (exit 124)" in line and "cut hang[1]" in line, line
+
+
+def test_a_deadline_before_the_first_test_starts_is_a_deadline(tmp_path, monkeypatch, capfd, fast) -> None:
+    times = tmp_path / "shard.times.jsonl"
+    monkeypatch.setenv("DDTREE_TEST_TIMES", str(times))
+    rc = runner.run_shard(["bash", "-c", "sleep 30"], ROOT, ["tests/gpu/t.py::ok[0]"], times, "racecheck",
+                          time.time() + 2.0, 0.0, 0)
+    out = capfd.readouterr().out
+    assert rc == runner.DEADLINE_EXIT and "ended process 0 (deadline), no test in flight" in out, out
 
 
 def test_a_process_that_starts_no_test_ends_the_shard(tmp_path, monkeypatch, capfd, fast) -> None:
@@ -173,10 +195,11 @@ def test_nothing_of_a_process_outlives_it(tmp_path, capfd, fast) -> None:
 def test_pytest_prints_the_stacks_of_a_test_it_is_capturing(tmp_path, monkeypatch, capfd, fast) -> None:
     """The real thing: pytest with tests/gpu/conftest.py's hooks in the sanitizer mode, a test stuck past the limit
     while pytest captures its output."""
+    gpu_tests = ROOT / "tests" / "gpu"
     (tmp_path / "conftest.py").write_text(
         "import importlib.util, sys\n"
-        f"sys.path.insert(0, {str(ROOT / 'tests' / 'gpu')!r})\n"
-        f"spec = importlib.util.spec_from_file_location('gpu_conftest', {str(ROOT / 'tests' / 'gpu' / 'conftest.py')!r})\n"
+        f"sys.path.insert(0, {str(gpu_tests)!r})\n"
+        f"spec = importlib.util.spec_from_file_location('gpu_conftest', {str(gpu_tests / 'conftest.py')!r})\n"
         "gpu = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(gpu)\n"
         "pytest_configure = gpu.pytest_configure\n"
@@ -203,9 +226,15 @@ def test_every_tool_runs_with_the_common_options_then_its_own_then_the_callers()
         command = process.sanitizer_command(tool, ["--kernel-name", "kns=ddtree"])
         assert command[:3] == ["compute-sanitizer", "--tool", tool] and command[-2:] == ["--kernel-name", "kns=ddtree"]
         assert "--error-exitcode" in command and "device" in command
+    # only a process with a SIGUSR1 handler gets the signal for the stacks: it would end one without
+    handled = subprocess.Popen([sys.executable, "-c", "import faulthandler, signal, sys, time; "
+                                "faulthandler.register(signal.SIGUSR1); print(flush=True); time.sleep(30)"],
+                               stdout=subprocess.PIPE)
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
-        assert process.is_python_process(os.getpid()) and not process.is_python_process(sleeper.pid)
+        handled.stdout.readline()  # registered
+        assert process.catches_sigusr1(handled.pid) and not process.catches_sigusr1(sleeper.pid)
     finally:
-        sleeper.kill()
-        sleeper.wait()
+        for proc in (handled, sleeper):
+            proc.kill()
+            proc.wait()

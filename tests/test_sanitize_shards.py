@@ -268,7 +268,8 @@ def test_a_shard_of_several_processes_sums_them() -> None:
     assert "a.log: cut slow[1] after 61 s (test limit 60 s; 1 errors printed before it)" in line, line
     assert "a.log: 3 errors" in line and "exit 86" in line, line
     # a process that ended without its summary and was not cut (the sanitizer itself died)
-    lost = shards.shard_report(text.replace("gpu_suite: cut tests/gpu/t.py::slow[1] after 61 s (test limit 60 s)\n", ""))
+    lost = shards.shard_report(text.replace("gpu_suite: cut tests/gpu/t.py::slow[1] after 61 s (test limit 60 s)\n",
+                                            ""))
     assert lost["unsummarized"] == [1]
     assert "a.log: no sanitizer summary (1 errors printed before it ended)" in shards.summary_line(
         "racecheck", [("a.log", lost)])[0]

@@ -17,19 +17,19 @@
 # (tests/gpu/conftest.py: repetition trimmed, coverage kept) and torch's caching allocator off, so that memcheck
 # sees every allocation's bounds. Each shard runs under tools/sanitize_run.py and logs sanitize_TOOL_I.log (its node
 # ids in sanitize_TOOL_I.txt, its per-test seconds in sanitize_TOOL_I.times.jsonl, written test by test): a test that
-# runs past $SANITIZE_TEST_LIMIT seconds from its start (default: no limit) or whose processes hold more than
-# $SANITIZE_MEMORY_MB (default: the shard's share of 90% of the host's memory) is cut, its Python stacks printed into
-# the log, and a new process runs the shard's tests that have not run; the step's deadline cuts the test then running
-# and ends the shard. Then one line per
-# tool sums the sanitizer's errors and the tests over the shards, and a shard's error, failed or cut test or timeout
-# fails the suite, as does a test process (plain or sanitized) that exits with native objects alive (nanobind's leak
-# report: an engine kept past its test). sanitize_TOOL_memory.txt holds the host's and the GPU's used memory every
-# 15 s of the step.
+# runs past $SANITIZE_TEST_LIMIT seconds from its start (default: no limit), or while which the shard's processes
+# (compute-sanitizer and pytest) hold more than $SANITIZE_MEMORY_MB together (default: the shard's share of 90% of the
+# host's memory), is cut, its Python stacks printed into the log, and a new process runs the shard's tests that have
+# not run; the step's deadline cuts the test then running and ends the shard. Then one line per tool sums the
+# sanitizer's errors and the tests over the shards, and a shard's error, failed or cut test or timeout fails the
+# suite, as does a test process (plain or sanitized) that exits with native objects alive (nanobind's leak report: an
+# engine kept past its test). sanitize_TOOL_memory.txt holds the host's and the GPU's used memory every 15 s of the
+# step.
 # SANITIZE_K gives the sanitizer steps a -k expression of their own (PLAIN=1 SANITIZE_K=...: the whole plain run, then
 # a part of the suite sanitized, in one command).
 # SUITE_DEADLINE (seconds after the start) cuts every sanitizer step's timeout so that the step ends by then, leaving
 # time to pack the reports before the device command's own limit. SANITIZE_ARGS adds compute-sanitizer options to
-# every tool's run (e.g. "--kernel-name regex=6ddtree": check only the engine's kernels, not torch's).
+# every tool's run (e.g. "--kernel-name kns=ddtree": check only the engine's kernels, not torch's).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -86,7 +86,7 @@ sanitize_suite() {
     fi
     for tool in $SANITIZE; do
         case $tool in
-            memcheck | racecheck | initcheck | synccheck) ;;  # their options: tools/sanitize_run.py
+            memcheck | racecheck | initcheck | synccheck) ;;  # their options: tools/sanitizer_process.py
             *) echo "SANITIZE: unknown tool $tool (memcheck, racecheck, initcheck, synccheck)"; ok=1; continue ;;
         esac
         # shards per tool: each tool slows the tests by its own factors (sanitize_shards.py --tool)
@@ -101,7 +101,7 @@ sanitize_suite() {
         limit=$step_timeout
         if [[ -n ${SUITE_DEADLINE:-} ]]; then
             (( SUITE_DEADLINE - ($(date +%s) - start) < limit )) && limit=$(( SUITE_DEADLINE - ($(date +%s) - start) ))
-            if (( limit < 30 )); then
+            if (( limit < 60 )); then  # the runner's deadline is 30 s before, and a process needs 20 s
                 echo "$tool: not run, ${limit} s left before SUITE_DEADLINE"; ok=1; continue
             fi
         fi
@@ -125,11 +125,12 @@ sanitize_suite() {
                 cd /tmp || exit 1
                 export DDTREE_TEST_TIMES="$report_dir/sanitize_${tool}_$i.times.jsonl" DDTREE_SANITIZE_TOOL=$tool
                 rm -f "$DDTREE_TEST_TIMES"
-                # the runner keeps the deadline itself; timeout(1) only guards against the runner hanging (its
-                # SIGTERM ends the runner's sanitizer session too)
-                timeout -k 15 $(( limit + 60 )) python3 "$repo/tools/sanitize_run.py" --tool "$tool" \
+                # the runner keeps its deadline (30 s early: ending a process and its session takes up to about
+                # 15 s), and timeout(1) the step's limit, against the runner hanging: its SIGTERM ends the runner's
+                # sanitizer session too
+                timeout -k 10 "$limit" python3 "$repo/tools/sanitize_run.py" --tool "$tool" \
                     --nodeids "$report_dir/sanitize_${tool}_$i.txt" --root "$repo" --times "$DDTREE_TEST_TIMES" \
-                    --until $(( $(date +%s) + limit )) --test-limit "${SANITIZE_TEST_LIMIT:-0}" \
+                    --until $(( $(date +%s) + limit - 30 )) --test-limit "${SANITIZE_TEST_LIMIT:-0}" \
                     --memory-limit-mb "$memory_mb" --sanitizer-args="${SANITIZE_ARGS:-}" -- \
                     python3 -m pytest -q -p no:cacheprovider
             ) >"${logs[i]}" 2>&1 &
@@ -137,6 +138,7 @@ sanitize_suite() {
         done
         for i in "${!pids[@]}"; do wait "${pids[i]}"; done
         kill "$monitor" 2>/dev/null; wait "$monitor" 2>/dev/null
+        rm -rf "$shard_dir"
         python3 tools/sanitize_shards.py summary --tool "$tool" "${logs[@]}" | tee -a "$report_dir/sanitize_summary.txt"
         (( PIPESTATUS[0] == 0 )) || ok=1
     done

@@ -20,8 +20,9 @@ runs the shard's tests that have not run. The deadline ends the shard, and so do
 
 Everything goes to stdout, the shard's log: each process between `gpu_suite: process I over N tests` and
 `gpu_suite: process I exit RC after S s`, each cut as `gpu_suite: cut NODE after S s (REASON)`, and last
-`gpu_suite: shard exit RC after S s`: 124 when the deadline left tests unrun, else the first non-zero exit of a
-process that ended by itself, else 1 when a test was cut, else 0.
+`gpu_suite: shard exit RC after S s`: 124 when the deadline ended a process, else the first non-zero exit of a
+process that ended by itself or by a limit outside any test, else 1 when a test was cut, else 0. SIGTERM ends the
+running session and this script (exit 143, without that last line).
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sanitize_shards import node_ids  # noqa: E402
-from sanitizer_process import TOOL_OPTIONS, sanitizer_command, supervise  # noqa: E402
+from sanitizer_process import TOOL_OPTIONS, end_live_sessions, sanitizer_command, supervise  # noqa: E402
 
 MIN_PROCESS_SECONDS = 20.0  # no new process with less time left than this before the deadline
 DEADLINE_EXIT = 124  # as timeout(1): tools/sanitize_shards.py reads it as the shard timed out
@@ -52,27 +53,36 @@ class TestRecord(TypedDict):
     outcome: str
     tool: str
     at: float
+    reason: NotRequired[str]  # a cut's
 
 
-def read_records(path: Path) -> list[TestRecord]:
-    """The records so far; a last line still being written is left for the next read."""
+def read_records(path: Path, offset: int = 0) -> list[TestRecord]:
+    """The records from byte `offset` on: whole lines only (a last line still being written waits for the next
+    read), and none that does not parse."""
     if not path.exists():
         return []
+    with path.open("rb") as f:
+        f.seek(offset)
+        lines = f.read().decode(errors="replace").split("\n")[:-1]
     records = []
-    for line in path.read_text().split("\n")[:-1]:  # only whole lines (each ends in a newline)
-        if line.strip():
+    for line in lines:
+        try:
             records.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
     return records
 
 
-def in_flight(records: list[TestRecord], since: float) -> TestRecord | None:
-    """The start record of the test running in a process that started at `since`: started, not torn down."""
-    ended = {r["nodeid"] for r in records if r["when"] == "teardown" and r["at"] >= since}
-    starts = [r for r in records if r["when"] == "start" and r["at"] >= since and r["nodeid"] not in ended]
+def in_flight(records: list[TestRecord]) -> TestRecord | None:
+    """The start record of the test running in the process that wrote `records`: started, not torn down."""
+    ended = {r["nodeid"] for r in records if r["when"] == "teardown"}
+    starts = [r for r in records if r["when"] == "start" and r["nodeid"] not in ended]
     return starts[-1] if starts else None
 
 
-def cut_record(start: TestRecord, ended_at: float, tool: str, reason: str) -> dict:
+def cut_record(start: TestRecord, ended_at: float, tool: str, reason: str) -> TestRecord:
+    """The test `start` began, cut at `ended_at`: its seconds are a lower bound of its time (with the few seconds
+    that ending its process took)."""
     return {"nodeid": start["nodeid"], "when": "cut", "seconds": max(0.0, ended_at - start["at"]), "outcome": "cut",
             "tool": tool, "at": ended_at, "reason": reason}
 
@@ -89,26 +99,27 @@ def run_shard(command: list[str], root: Path, ids: list[str], times: Path, tool:
             break
         print(f"gpu_suite: process {index} over {len(remaining)} tests", flush=True)
         started = time.time()
+        offset = times.stat().st_size if times.exists() else 0  # this process's records come after
 
         def reason_to_end(used_mb: int) -> str | None:
             if time.time() >= until:
                 return "deadline"
-            running = in_flight(read_records(times), started)
+            running = in_flight(read_records(times, offset))
             if test_limit > 0 and running is not None and time.time() - running["at"] > test_limit:
                 return f"test limit {test_limit:.0f} s"
             if 0 < memory_limit_mb < used_mb:
                 return f"memory {used_mb} MB over {memory_limit_mb} MB"
             return None
 
-        rc, reason, _ = supervise(command + [str(root / i) for i in remaining], sys.stdout, reason_to_end)
+        rc, reason, _ = supervise(command + [f"{root}/{i}" for i in remaining], sys.stdout, reason_to_end)
         ended = time.time()
-        if reason is not None:
-            print(f"gpu_suite: ended process {index} ({reason})", flush=True)
         print(f"gpu_suite: process {index} exit {rc} after {ended - started:.0f} s", flush=True)
-        if reason is None and rc != 0 and first_failure == 0:
-            first_failure = rc
-        records = read_records(times)
-        running = in_flight(records, started)
+        running = in_flight(read_records(times, offset))
+        if reason is not None:
+            print(f"gpu_suite: ended process {index} ({reason})"
+                  + ("" if running is not None else ", no test in flight"), flush=True)
+        if rc != 0 and first_failure == 0 and (reason is None or running is None):
+            first_failure = rc  # ended by itself, or by a limit outside any test: the process's own failure
         if running is not None:
             record = cut_record(running, ended, tool, reason or f"exit {rc}")
             with times.open("a") as out:
@@ -116,12 +127,12 @@ def run_shard(command: list[str], root: Path, ids: list[str], times: Path, tool:
             print(f"gpu_suite: cut {record['nodeid']} after {record['seconds']:.0f} s ({record['reason']})",
                   flush=True)
             cut_any = True
-        finished = {r["nodeid"] for r in records if r["when"] == "teardown"}
+        finished = {r["nodeid"] for r in read_records(times) if r["when"] == "teardown"}
         left = [i for i in remaining if i not in finished and (running is None or i != running["nodeid"])]
         stalled = len(left) == len(remaining)  # it started no test: a collection error, or an end before the first
         remaining = left
         if reason == "deadline":
-            deadline = bool(left)
+            deadline = True
             break
         if stalled:
             print(f"gpu_suite: {len(left)} tests not run (no test started in process {index}; its log says why)",
@@ -152,8 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no command after --")
     if args.test_limit < 0 or args.memory_limit_mb < 0:
         parser.error("--test-limit and --memory-limit-mb must not be negative")
-    # timeout(1) ends this script with SIGTERM: as an exit, so that the running session is ended with it
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, end_live_sessions)  # timeout(1)'s: the running session ends with this script
     ids = node_ids(Path(args.nodeids).read_text().splitlines())
     return run_shard(sanitizer_command(args.tool, args.sanitizer_args.split()) + command, Path(args.root), ids,
                      Path(args.times), args.tool, args.until, args.test_limit, args.memory_limit_mb)

@@ -45,7 +45,7 @@ PYTEST_FINAL = re.compile(r"\bin \d+(\.\d+)?s\b")
 NANOBIND_REPORT = "nanobind: leaked"  # its report of objects, types or functions alive at exit
 NANOBIND_LEAKS = re.compile(r"nanobind: leaked (\d+) instances?")
 PROCESS_LINE = re.compile(r"^gpu_suite: process \d+ over \d+ tests$", re.MULTILINE)  # tools/sanitize_run.py
-CUT_LINE = re.compile(r"^gpu_suite: cut (\S+) after (\d+) s \((.*)\)$", re.MULTILINE)
+CUT_LINE = re.compile(r"^gpu_suite: cut (.+) after (\d+) s \((.*)\)$", re.MULTILINE)
 TIMED_OUT = {124}  # tools/sanitize_run.py's shard exit when its deadline left tests unrun
 # A report's first line is the sanitizer's prefix and an unindented text (its details are indented); these unindented
 # lines are the tool's own, not reports. A shard cut before its summary is judged by its reports printed so far.
@@ -251,10 +251,10 @@ def process_counts(text: str) -> tuple[int, int, bool]:
 def shard_report(text: str, times_text: str | None = None) -> dict:
     """What one shard's log says: exit status and seconds (None when the line is missing); the sanitizer's errors
     and warnings summed over its processes (tools/sanitize_run.py runs one after each cut test); the processes that
-    ended without their summary, not cut either (`unsummarized`: the errors each printed); the tests cut (node id, seconds, reason, errors printed before the cut); pytest's
-    counts (where a process ended before its final line, those of the shard's .jsonl times when given); and whether
-    nanobind reported native objects alive at the interpreter's exit (an engine kept past its test), with the
-    instances it counted."""
+    ended without their summary, not cut either (`unsummarized`: the errors each printed); the tests cut (node id,
+    seconds, reason, errors printed before the cut); pytest's counts (where a process ended before its final line,
+    those of the shard's .jsonl times when given); and whether nanobind reported native objects alive at the
+    interpreter's exit (an engine kept past its test), with the instances it counted."""
     exit_line = EXIT_LINE.findall(text)
     rc, seconds = (int(exit_line[-1][0]), int(exit_line[-1][1])) if exit_line else (None, None)
     processes = PROCESS_LINE.split(text)[1:] or [text]  # a log of one process (no such line) is one
@@ -278,7 +278,8 @@ def shard_report(text: str, times_text: str | None = None) -> dict:
                 what = "errors" if what.startswith("error") else what
                 counts[what] = counts.get(what, 0) + int(n)
     leaked = sum(int(n) for n in NANOBIND_LEAKS.findall(text)) if NANOBIND_REPORT in text else None
-    return {"rc": rc, "seconds": seconds, "errors": errors, "warnings": warnings, "unsummarized": unsummarized, "cuts": cuts, "counts": counts, "leaked": leaked}
+    return {"rc": rc, "seconds": seconds, "errors": errors, "warnings": warnings, "unsummarized": unsummarized,
+            "cuts": cuts, "counts": counts, "leaked": leaked}
 
 
 def summary_line(tool: str, reports: list[tuple[str, dict]]) -> tuple[str, bool]:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sanitizer_process import TOOL_OPTIONS, sanitizer_command, supervise  # noqa: E402
+from sanitizer_process import TOOL_OPTIONS, end_live_sessions, sanitizer_command, supervise  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ("decode", "prefill")
@@ -68,16 +68,18 @@ def kernel_families(kernels_dir: Path = ROOT / "kernels") -> dict[str, list[str]
 
 
 def exclude_filter(names: list[str]) -> str:
-    """A --kernel-name(-exclude) regex for these functions in mangled names, where each is `<length><name>` (no
-    kernel's name ends another's); `.*` on both sides, whether the tool searches or matches the whole name."""
-    return "regex=.*(" + "|".join(f"{len(n)}{n}" for n in names) + ").*"
+    """A --kernel-name(-exclude) regex for these functions: in a mangled name each is `<length><name>` (no kernel's
+    name ends another's), in a demangled one `::<name>` then its template or parameter list; `.*` on both sides,
+    whether the tool searches or matches the whole name."""
+    return "regex=.*(" + "|".join(f"{len(n)}{n}|::{n}[<(]" for n in names) + ").*"
 
 
 def waves(families: dict[str, list[str]], jobs: int) -> list[list[tuple[str, list[str]]]]:
-    """The variants in waves of at most `jobs` (at least 2), each led by an `all`; `none` in the first."""
+    """The variants in waves of at most `jobs` (2 or more), each led by an `all`; `none` in the first."""
     singles = [("none", ["--kernel-name", "kns=no_kernel_has_this_name"])]
-    singles += [(f"without {stem}", ["--kernel-name-exclude", exclude_filter(names)]) for stem, names in families.items()]
-    per_wave = max(jobs, 2) - 1
+    singles += [(f"without {stem}", ["--kernel-name-exclude", exclude_filter(names)])
+                for stem, names in families.items()]
+    per_wave = jobs - 1
     return [[("all", []), *singles[i:i + per_wave]] for i in range(0, len(singles), per_wave)]
 
 
@@ -189,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"--families: no kernels/{unknown[0]}.cu with kernels; families: {', '.join(families)}")
         families = {stem: families[stem] for stem in chosen}
+    signal.signal(signal.SIGTERM, end_live_sessions)  # timeout(1)'s: the variants' sessions end with this script
     args.out.mkdir(parents=True, exist_ok=True)
     model_dir, drafter_dir = make_models(args.out, args.preset)
     child = [sys.executable, str(Path(__file__).resolve()), "--run", "--workload", args.workload,

@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 # Every run's options. Host backtraces off: to print them, compute-sanitizer keeps a reference to the Python frames of
 # every CUDA call, which keeps each frame's locals (engines and their device memory) alive until exit; a kernel's
@@ -29,6 +31,7 @@ POLL_SECONDS = 2.0
 DUMP_SECONDS = 3.0  # for the stacks to be written before the limit is checked again
 TERM_SECONDS = 10.0  # SIGTERM, then SIGKILL
 REAP_SECONDS = 30.0  # for a killed session's processes to be gone
+_LIVE: set[subprocess.Popen] = set()  # the sessions supervise() runs now (end_live_sessions)
 
 
 def sanitizer_command(tool: str, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
@@ -42,16 +45,25 @@ def exit_status(returncode: int) -> int:
 
 
 def session_pids(sid: int) -> list[int]:
-    """The processes of session `sid` (compute-sanitizer and the program it started)."""
+    """The live processes of session `sid` (compute-sanitizer and the program it started); zombies, which hold no
+    memory and wait for a parent to reap them, are left out."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if os.getsid(int(entry.name)) == sid:
+                if os.getsid(int(entry.name)) == sid and process_state(int(entry.name)) != "Z":
                     pids.append(int(entry.name))
             except (ProcessLookupError, PermissionError):
                 pass
     return pids
+
+
+def process_state(pid: int) -> str:
+    """The state letter of /proc/PID/stat (R, S, D, Z, ...), or "" for a process gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def resident_mb(pids: list[int]) -> int:
@@ -65,14 +77,15 @@ def resident_mb(pids: list[int]) -> int:
     return total // 2**20
 
 
-def is_python_process(pid: int) -> bool:
-    """A Python interpreter: the program under the sanitizer, not compute-sanitizer (whose command line names the
-    program too, and which SIGUSR1 would end)."""
+def catches_sigusr1(pid: int) -> bool:
+    """Whether the process has a handler for SIGUSR1 (faulthandler's, printing its stacks): the signal would end one
+    without (a program still starting, or compute-sanitizer itself)."""
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
+        caught = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                      if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
         return False
-    return Path(argv[0].decode(errors="replace")).name.startswith("python")
+    return bool(int(caught.split()[1], 16) >> (signal.SIGUSR1 - 1) & 1)
 
 
 def signal_all(pids: list[int], sig: int) -> None:
@@ -109,33 +122,44 @@ def reap_session(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def supervise(command: list[str], stdout, reason_to_end: Callable[[int], str | None]) -> tuple[int, str | None, int]:
+def supervise(command: list[str], stdout: IO[str] | None,
+              reason_to_end: Callable[[int], str | None]) -> tuple[int, str | None, int]:
     """Run `command` in a session of its own, output to `stdout`, and poll it: with the session's resident MB each
-    time, reason_to_end says why it should end now, or None. Given a reason, the Python processes get SIGUSR1 (their
-    stacks, where faulthandler is registered for it) and, if the reason still holds DUMP_SECONDS later (a test that
+    time, reason_to_end says why it should end now, or None. Given a reason, the processes with a SIGUSR1 handler
+    get the signal (faulthandler prints their stacks) and, if the reason still holds DUMP_SECONDS later (a test that
     ended meanwhile takes it back), the session ends. Returns the exit status, the reason it was ended for (None if
     it ended by itself) and the most resident MB seen."""
     proc = subprocess.Popen(command, stdout=stdout, stderr=subprocess.STDOUT, start_new_session=True)
+    _LIVE.add(proc)
     peak, reason = 0, None
     try:
         while proc.poll() is None:
             time.sleep(POLL_SECONDS)
             used = resident_mb(session_pids(proc.pid))
             peak = max(peak, used)
-            first = reason_to_end(used)
-            if first is None:
+            if reason_to_end(used) is None:
                 continue
-            signal_all([p for p in session_pids(proc.pid) if is_python_process(p)], signal.SIGUSR1)
+            signal_all([p for p in session_pids(proc.pid) if catches_sigusr1(p)], signal.SIGUSR1)
             time.sleep(DUMP_SECONDS)
-            if proc.poll() is not None:  # a program without the handler dies of SIGUSR1: still this script's end
-                reason = first if proc.returncode == -signal.SIGUSR1 else None
-                break
-            reason = reason_to_end(resident_mb(session_pids(proc.pid)))
+            if proc.poll() is not None:
+                break  # it ended by itself meanwhile
+            used = resident_mb(session_pids(proc.pid))
+            peak = max(peak, used)
+            reason = reason_to_end(used)
             if reason is not None:
                 end_session(proc)
                 break
     finally:
-        if proc.poll() is None:  # this process is being ended itself (SIGTERM from timeout(1), say)
+        if proc.poll() is None:  # this process is being ended itself (end_live_sessions)
             end_session(proc)
         reap_session(proc)
+        _LIVE.discard(proc)
     return exit_status(proc.returncode), reason, peak
+
+
+def end_live_sessions(*_) -> None:
+    """A SIGTERM handler for the scripts that supervise sessions: the sessions end with them (timeout(1)'s TERM
+    would otherwise leave them running on the GPU)."""
+    for proc in list(_LIVE):
+        end_session(proc)
+    sys.exit(143)
