@@ -313,11 +313,7 @@ std::vector<float> Engine::forward_logits(const std::vector<int32_t>& ids, const
 
 void Engine::copy_logits(float* to, int rows, cudaStream_t s) const {
     const size_t pitch = static_cast<size_t>(dims_.vocab) * sizeof(float);
-    if (static_cast<int>(model_.held().size()) == dims_.shard.ranks) {  // every column written
-        CUDA_CHECK(cudaMemcpyAsync(to, model_.logits(), rows * pitch, cudaMemcpyDeviceToHost, s));
-        return;
-    }
-    for (int r : model_.held()) {
+    for (int r : model_.held()) {  // an unsplit engine holds rank 0, every column: rows copied whole
         const ModelDims rank = dims_.for_rank(r);
         CUDA_CHECK(cudaMemcpy2DAsync(to + rank.first_token(), pitch, model_.logits() + rank.first_token(), pitch,
                                      static_cast<size_t>(rank.rank_vocab()) * sizeof(float), rows,

@@ -36,11 +36,10 @@ from pathlib import Path
 from typing import NotRequired, TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sanitize_shards import node_ids  # noqa: E402
+from sanitize_shards import DEADLINE_EXIT, cut_line, exit_line, node_ids, process_line  # noqa: E402
 from sanitizer_process import TOOL_OPTIONS, end_live_sessions, sanitizer_command, supervise  # noqa: E402
 
 MIN_PROCESS_SECONDS = 20.0  # no new process with less time left than this before the deadline
-DEADLINE_EXIT = 124  # as timeout(1): tools/sanitize_shards.py reads it as the shard timed out
 
 
 class TestRecord(TypedDict):
@@ -97,7 +96,7 @@ def run_shard(command: list[str], root: Path, ids: list[str], times: Path, tool:
         if until - time.time() < MIN_PROCESS_SECONDS:
             deadline = True  # tests left that no process has the time to run
             break
-        print(f"gpu_suite: process {index} over {len(remaining)} tests", flush=True)
+        print(process_line(index, len(remaining)), flush=True)
         started = time.time()
         offset = times.stat().st_size if times.exists() else 0  # this process's records come after
 
@@ -124,8 +123,7 @@ def run_shard(command: list[str], root: Path, ids: list[str], times: Path, tool:
             record = cut_record(running, ended, tool, reason or f"exit {rc}")
             with times.open("a") as out:
                 out.write(json.dumps(record) + "\n")
-            print(f"gpu_suite: cut {record['nodeid']} after {record['seconds']:.0f} s ({record['reason']})",
-                  flush=True)
+            print(cut_line(record["nodeid"], record["seconds"], record["reason"]), flush=True)
             cut_any = True
         finished = {r["nodeid"] for r in read_records(times) if r["when"] == "teardown"}
         left = [i for i in remaining if i not in finished and (running is None or i != running["nodeid"])]
@@ -141,7 +139,7 @@ def run_shard(command: list[str], root: Path, ids: list[str], times: Path, tool:
             break
         index += 1
     rc = DEADLINE_EXIT if deadline else first_failure or (1 if cut_any else 0)
-    print(f"gpu_suite: shard exit {rc} after {time.time() - t0:.0f} s", flush=True)
+    print(exit_line(rc, time.time() - t0), flush=True)
     return rc
 
 

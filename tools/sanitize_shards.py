@@ -4,16 +4,15 @@
     sanitize_shards.py split --shards N --out-dir DIR [--nodeids FILE] [--times XML_OR_JSONL ...]
     sanitize_shards.py summary --tool TOOL LOG ...
 
-`split` reads pytest node ids (the output of `pytest --collect-only -q`: lines holding `::`, the rest ignored)
-from FILE or stdin, and writes at most N files DIR/shard_I.txt, one node id a line, balanced by the tests'
-durations. Those of sanitizer runs come first: the .jsonl files that tests/gpu/conftest.py writes per shard (each
-test's phases summed, the latest run that finished it, else the longest a timeout let it run; with --tool, that
-tool's runs only), as a sanitizer slows
-tests by very different factors. A test split out of a measured one by a new parameter (`t[a-b-c]` of `t[a-b]`)
-shares its time. A test they lack takes its duration in the junit xml files (where several hold it, the run that
-began last wins, by the testsuite's timestamp) times the median slowdown of the tests in both; a test in none
-counts the median of the known ones. Each shard keeps the collection order, so a module's fixtures are built once
-per shard. It prints the shard files' paths, one a line, and a line per shard on stderr with its test count and
+`split` reads pytest node ids (the output of `pytest --collect-only -q`: lines holding `::`, the rest ignored) from
+FILE or stdin, and writes at most N files DIR/shard_I.txt, one node id a line, balanced by the tests' durations.
+Those of sanitizer runs come first: the .jsonl files that tests/gpu/conftest.py writes per shard (each test's phases
+summed, the latest run that finished it, else the longest a cut let it run; with --tool, that tool's runs only), as
+a sanitizer slows tests by very different factors. A test split out of a measured one by a new parameter (`t[a-b-c]`
+of `t[a-b]`) shares its time. A test they lack takes its duration in the junit xml files (where several hold it, the
+run that began last wins, by the testsuite's timestamp) times the median slowdown of the tests in both; a test in
+none counts the median of the known ones. Each shard keeps the collection order, so a module's fixtures are built
+once per shard. It prints the shard files' paths, one a line, and a line per shard on stderr with its test count and
 estimated seconds.
 
 A test that a sanitizer process ended inside (tools/sanitize_run.py: the deadline, a limit, a crash) has a `cut`
@@ -44,9 +43,22 @@ PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpasse
 PYTEST_FINAL = re.compile(r"\bin \d+(\.\d+)?s\b")
 NANOBIND_REPORT = "nanobind: leaked"  # its report of objects, types or functions alive at exit
 NANOBIND_LEAKS = re.compile(r"nanobind: leaked (\d+) instances?")
-PROCESS_LINE = re.compile(r"^gpu_suite: process \d+ over \d+ tests$", re.MULTILINE)  # tools/sanitize_run.py
+PROCESS_LINE = re.compile(r"^gpu_suite: process \d+ over \d+ tests$", re.MULTILINE)
 CUT_LINE = re.compile(r"^gpu_suite: cut (.+) after (\d+) s \((.*)\)$", re.MULTILINE)
-TIMED_OUT = {124}  # tools/sanitize_run.py's shard exit when its deadline left tests unrun
+DEADLINE_EXIT = 124  # a shard's exit when its deadline ended it (timeout(1)'s status)
+
+
+# The lines of a shard's log that tools/sanitize_run.py writes and `summary` reads (the patterns above).
+def process_line(index: int, tests: int) -> str:
+    return f"gpu_suite: process {index} over {tests} tests"
+
+
+def cut_line(node: str, seconds: float, reason: str) -> str:
+    return f"gpu_suite: cut {node} after {seconds:.0f} s ({reason})"
+
+
+def exit_line(rc: int, seconds: float) -> str:
+    return f"gpu_suite: shard exit {rc} after {seconds:.0f} s"
 # A report's first line is the sanitizer's prefix and an unindented text (its details are indented); these unindented
 # lines are the tool's own, not reports. A shard cut before its summary is judged by its reports printed so far.
 SANITIZER_LINE = re.compile(r"^========= (\S.*)$", re.MULTILINE)
@@ -255,8 +267,8 @@ def shard_report(text: str, times_text: str | None = None) -> dict:
     seconds, reason, errors printed before the cut); pytest's counts (where a process ended before its final line,
     those of the shard's .jsonl times when given); and whether nanobind reported native objects alive at the
     interpreter's exit (an engine kept past its test), with the instances it counted."""
-    exit_line = EXIT_LINE.findall(text)
-    rc, seconds = (int(exit_line[-1][0]), int(exit_line[-1][1])) if exit_line else (None, None)
+    exits = EXIT_LINE.findall(text)
+    rc, seconds = (int(exits[-1][0]), int(exits[-1][1])) if exits else (None, None)
     processes = PROCESS_LINE.split(text)[1:] or [text]  # a log of one process (no such line) is one
     errors = warnings = 0
     cuts, finals, unsummarized = [], [], []
@@ -293,7 +305,7 @@ def summary_line(tool: str, reports: list[tuple[str, dict]]) -> tuple[str, bool]
     for name, r in reports:
         if r["rc"] is None:
             problems.append(f"{name}: no exit line")
-        elif r["rc"] in TIMED_OUT:
+        elif r["rc"] == DEADLINE_EXIT:
             problems.append(f"{name}: timed out (exit {r['rc']})")
         elif r["rc"] != 0:
             problems.append(f"{name}: exit {r['rc']}")
