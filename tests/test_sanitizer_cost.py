@@ -45,11 +45,12 @@ def test_every_wave_has_its_own_all() -> None:
 
 
 def test_a_variant_reports_its_seconds_and_summary_and_is_ended_past_its_limit(tmp_path: Path) -> None:
-    done = cost.run_variant("all", 1, [sys.executable, "-c", "print('workload seconds: 1.500'); print("
+    done = cost.run_variant("all", 1, [sys.executable, "-c", "print('stage create: 0.5 s, 812 MB'); print('workload seconds: 1.500'); print("
                                        "'========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)')"],
                             tmp_path / "a.log", 30.0, 0)
     assert (done["workload_s"], done["exit"], done["ended"]) == (1.5, 0, None)
     assert done["summary"].startswith("RACECHECK SUMMARY: 0 hazards")
+    assert done["stages"] == [("create", 0.5, 812)]
     slow = cost.run_variant("without gemm", 1, [sys.executable, "-c", "import time; time.sleep(60)"],
                             tmp_path / "b.log", 1.0, 0)
     assert slow["ended"] == "limit 1 s" and slow["workload_s"] is None and slow["wall_s"] < 30
@@ -63,3 +64,4 @@ def test_a_variant_reports_its_seconds_and_summary_and_is_ended_past_its_limit(t
     assert lines[0].startswith("| without mla_attn | 1 | 0.7 | 0.8 |")
     assert lines[1].startswith("| without rope | 2 | 1.2 | 0.3 |")
     assert lines[2].startswith("| without gemm | 1 | - |  |")
+    assert lines[0].endswith("| create 0 (812) |")

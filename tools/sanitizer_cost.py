@@ -6,6 +6,9 @@
 
 Runs one engine workload plainly, then under the tool in variants: every kernel checked (`all`), none (`none`), and
 once per family (the kernels of one kernels/*.cu; --families picks some) left unchecked (`--kernel-name-exclude`).
+Under racecheck, a thread-block-cluster kernel (sample, topk) left unchecked fails the run (`Internal Sanitizer Error:
+The Sanitizer failed to handle a hardware exception`, seen on the H200), so `none` and those two families' variants
+end early there; checked, they run clean.
 The variants run in waves of --jobs processes, each wave with an `all` of its own, since processes that share the
 GPU and the host slow each other: a variant is compared with its own wave's `all` only. Each reports its workload
 seconds (measured in the child), wall seconds, the most resident memory its processes held together, its exit and
@@ -41,6 +44,7 @@ from sanitizer_process import TOOL_OPTIONS, end_live_sessions, sanitizer_command
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ("decode", "prefill")
 NEW_TOKENS = 4
+STAGE = re.compile(r"^stage (.+): ([0-9.]+) s, ([0-9]+) MB$", re.M)
 SUMMARY = re.compile(r"(ERROR SUMMARY: .*|RACECHECK SUMMARY: .*)")
 # `__global__ void [__cluster_dims__(..)] [__launch_bounds__(..)] name(`, attributes in either order
 KERNEL = re.compile(r"__global__\s+(?:(?:void|__(?:cluster_dims|launch_bounds)__\([^)]*\))\s+)*(\w+_kernel)\s*\(")
@@ -55,6 +59,7 @@ class Variant(TypedDict):
     exit: int
     ended: str | None
     summary: str | None
+    stages: list[tuple[str, float, int]]  # (step, seconds from the workload's start, the child's resident MB)
 
 
 def kernel_families(kernels_dir: Path = ROOT / "kernels") -> dict[str, list[str]]:
@@ -85,26 +90,48 @@ def waves(families: dict[str, list[str]], jobs: int) -> list[list[tuple[str, lis
 
 # ---- the workload, run in the child process -----------------------------------------------------------------------
 
+def resident_mb() -> int:
+    """This process's resident memory (the child's: the sanitizer's front end is another process)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
 def run_workload(workload: str, model_dir: Path, drafter_dir: Path) -> float:
+    """Runs the workload, printing a `stage` line as each step ends (a variant ended at its limit shows how far it
+    got and what each step cost), and returns its seconds. Each call runs twice: the first pays what happens once
+    (graph capture, the tool's patching of each kernel at its first launch), the second only the calls' own work."""
     import numpy as np
 
     import ddtree
 
     t0 = time.perf_counter()
+
+    def stage(name: str) -> None:
+        print(f"stage {name}: {time.perf_counter() - t0:.1f} s, {resident_mb()} MB", flush=True)
+
     if workload == "decode":
         engine = ddtree.Engine(model_dir, drafter_dir, streams=3, max_context=96, budget=16)
+        stage("create")
         prompts = [np.arange(5 + 9 * i).tolist() for i in range(3)]
         for method in ("ar", "ddtree"):
-            engine.generate(prompts, NEW_TOKENS, method=method, stop_token_ids=())
+            for call in (1, 2):
+                engine.generate(prompts, NEW_TOKENS, method=method, stop_token_ids=())
+                stage(f"{method} {call}")
     else:
         engine = ddtree.Engine(model_dir, streams=4, max_context=160)
+        stage("create")
         rng = np.random.default_rng(1)
         prompts = [rng.integers(0, engine.config.vocab_size, n).tolist() for n in (5, 1, 17, 70)]
-        [*_, last] = engine.generate(prompts, NEW_TOKENS, stop_token_ids=())
+        for call in (1, 2):
+            [*_, last] = engine.generate(prompts, NEW_TOKENS, stop_token_ids=())
+            stage(f"generate {call}")
         seq = (prompts[-1] + list(last.tokens))[:-1]
         for begin in range(0, len(seq), 64):
             ids = seq[begin:begin + 64]
             engine.native.forward_logits(ids, [3] * len(ids), list(range(begin, begin + len(ids))), with_routing=True)
+            stage(f"forward_logits {begin}")
     return time.perf_counter() - t0
 
 
@@ -125,7 +152,8 @@ def run_variant(name: str, wave: int, command: list[str], log: Path, limit: floa
     seconds = re.findall(r"workload seconds: ([0-9.]+)", text)
     return {"variant": name, "wave": wave, "workload_s": float(seconds[-1]) if seconds else None,
             "wall_s": round(time.time() - t0, 1), "peak_mb": peak, "exit": rc, "ended": reason,
-            "summary": summary[-1] if summary else None}
+            "summary": summary[-1] if summary else None,
+            "stages": [(step, float(at), int(mb)) for step, at, mb in STAGE.findall(text)]}
 
 
 def saves(row: Variant, rows: list[Variant]) -> float | None:
@@ -138,15 +166,16 @@ def report(tool: str, workload: str, preset: str, plain_s: float, rows: list[Var
     lines = [f"# {tool} cost by kernel family: workload `{workload}` on `{preset}`", "",
              f"Plain (no sanitizer): {plain_s:.1f} s. `workload s`: the workload's own seconds (engine creation and "
              "calls), measured in the child; `saves s`: its wave's `all` minus it.", "",
-             "| variant | wave | workload s | saves s | wall s | peak host MB | exit | ended | summary |",
-             "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+             "| variant | wave | workload s | saves s | wall s | peak host MB | exit | ended | summary | steps ended (s, child MB) |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
     leaders = [r for r in rows if r["variant"] in ("all", "none")]
     others = sorted((r for r in rows if r["variant"] not in ("all", "none")), key=lambda r: -(saves(r, rows) or 0.0))
     for r in leaders + others:
         workload_s = "-" if r["workload_s"] is None else f"{r['workload_s']:.1f}"
         saved = saves(r, rows) if r["variant"] != "all" else None
         lines.append(f"| {r['variant']} | {r['wave']} | {workload_s} | {'' if saved is None else f'{saved:.1f}'} | "
-                     f"{r['wall_s']:.0f} | {r['peak_mb']} | {r['exit']} | {r['ended'] or ''} | {r['summary'] or ''} |")
+                     f"{r['wall_s']:.0f} | {r['peak_mb']} | {r['exit']} | {r['ended'] or ''} | {r['summary'] or ''} | "
+                     f"{', '.join(f'{n} {at:.0f} ({mb})' for n, at, mb in r['stages'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -165,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tool", choices=sorted(TOOL_OPTIONS), default="racecheck")
     parser.add_argument("--workload", choices=WORKLOADS, required=True)
     parser.add_argument("--preset", default="tiny", help="the random target (and drafter) preset")
-    parser.add_argument("--families", default="", help="comma-separated kernels/*.cu stems (default: every one)")
+    parser.add_argument("--families", default="", help="comma-separated kernels/*.cu stems (default: every one; `none`: only the `all` and `none` variants)")
     parser.add_argument("--jobs", type=int, default=8, help="processes a wave runs at once, its `all` among them")
     parser.add_argument("--limit", type=float, default=300.0, help="seconds a variant may run")
     parser.add_argument("--memory-limit-mb", type=int, default=0, help="resident memory a variant may hold (0: none)")
@@ -185,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 2 or args.limit <= 0 or args.memory_limit_mb < 0:
         parser.error("--jobs must be at least 2, --limit positive, --memory-limit-mb not negative")
     families = kernel_families()
-    if args.families:
+    if args.families == "none":
+        families = {}
+    elif args.families:
         chosen = args.families.split(",")
         unknown = sorted(set(chosen) - set(families))
         if unknown:
