@@ -31,7 +31,7 @@ def test_an_exclusion_matches_its_family_and_no_other() -> None:
     mangled = {n: f"_ZN6ddtree12_GLOBAL__N_1{len(n)}{n}ILi64ELi2EEEvPKfPii" for n in names_of}
     demangled = {n: f"void ddtree::(anonymous namespace)::{n}<64, 2>(const float*, int*, int)" for n in names_of}
     for stem, names in families.items():
-        pattern = re.compile(cost.exclude_filter(names).removeprefix("regex="))
+        pattern = re.compile(cost.name_filter(names).removeprefix("regex="))
         for spelled in (mangled, demangled):
             assert {n for n, m in spelled.items() if pattern.fullmatch(m)} == set(names), stem
 
@@ -45,7 +45,8 @@ def test_every_wave_has_its_own_all() -> None:
 
 
 def test_a_variant_reports_its_seconds_and_summary_and_is_ended_past_its_limit(tmp_path: Path) -> None:
-    done = cost.run_variant("all", 1, [sys.executable, "-c", "print('stage create: 0.5 s, 812 MB'); print('workload seconds: 1.500'); print("
+    done = cost.run_variant("all", 1, [sys.executable, "-c", "print('stage create: 0.5 s, 812 MB'); "
+                                       "print('workload seconds: 1.500'); print("
                                        "'========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)')"],
                             tmp_path / "a.log", 30.0, 0)
     assert (done["workload_s"], done["exit"], done["ended"]) == (1.5, 0, None)
@@ -65,3 +66,20 @@ def test_a_variant_reports_its_seconds_and_summary_and_is_ended_past_its_limit(t
     assert lines[1].startswith("| without rope | 2 | 1.2 | 0.3 |")
     assert lines[2].startswith("| without gemm | 1 | - |  |")
     assert lines[0].endswith("| create 0 (812) |")
+
+
+def test_the_only_mode_checks_each_family_with_the_cluster_kernels() -> None:
+    families = cost.kernel_families()
+    clusters = cost.cluster_kernels()
+    assert clusters == ["sample_kernel", "topk_kernel"]
+    [wave, *rest] = cost.waves(families, 64, "only", clusters)
+    assert not rest and wave[0] == ("all", [])
+    assert wave[1] == ("only sample_kernel+topk_kernel", ["--kernel-name", cost.name_filter(clusters)])
+    gemm = dict(wave)["only gemm"]
+    pattern = re.compile(gemm[1].removeprefix("regex="))
+    assert gemm[0] == "--kernel-name"
+    assert pattern.fullmatch("_ZN6ddtree12_GLOBAL__N_111gemm_kernelILi1ELi1ELi2EEEvNS0_10GemmParamsE")
+    assert pattern.fullmatch("_ZN6ddtree7kernels12_GLOBAL__N_111topk_kernelEPfPiPKflii")
+    assert not pattern.fullmatch("_ZN6ddtree12_GLOBAL__N_115moe_gemm_kernelEv")
+    # topk is all in the baseline; sample's other kernel (advance_kernel) makes a variant
+    assert "only topk" not in dict(wave) and "only sample" in dict(wave)

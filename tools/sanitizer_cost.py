@@ -1,21 +1,25 @@
 #!/usr/bin/env python3
-"""What each kernel family costs a compute-sanitizer tool, found by leaving one out at a time.
+"""What each kernel family costs a compute-sanitizer tool, found by leaving one out at a time or checking one alone.
 
-    tools/sanitizer_cost.py --tool racecheck --workload decode [--preset tiny] [--families a,b,..] [--jobs 8]
-                            [--limit 300] [--memory-limit-mb MB] --out DIR
+    tools/sanitizer_cost.py --tool racecheck --workload decode [--preset tiny] [--families a,b,..|none]
+                            [--mode without|only] [--jobs 8] [--limit 300] [--memory-limit-mb MB] --out DIR
 
-Runs one engine workload plainly, then under the tool in variants: every kernel checked (`all`), none (`none`), and
-once per family (the kernels of one kernels/*.cu; --families picks some) left unchecked (`--kernel-name-exclude`).
-Under racecheck, a thread-block-cluster kernel (sample, topk) left unchecked fails the run (`Internal Sanitizer Error:
-The Sanitizer failed to handle a hardware exception`, seen on the H200), so `none` and those two families' variants
-end early there; checked, they run clean.
+Runs one engine workload plainly, then under the tool in variants: every kernel checked (`all`), and per family (the
+kernels of one kernels/*.cu; --families picks some, `none` no family variant):
+- --mode without: `none` (no kernel checked), then each family left unchecked in turn (`--kernel-name-exclude`);
+  what leaving a family out saves is what checking it costs, and a family whose exclusion alone keeps the memory
+  down is the one that grows it;
+- --mode only: the cluster kernels alone (`only sample_kernel+topk_kernel`), then each other family checked with
+  them and nothing else (`--kernel-name`): each family's own cost, apart from the rest. The cluster kernels are
+  always checked there because under racecheck a thread-block-cluster kernel left unchecked fails the run (`Internal
+  Sanitizer Error: The Sanitizer failed to handle a hardware exception`, seen on the H200); `none` and `without
+  sample` / `without topk` end early there.
 The variants run in waves of --jobs processes, each wave with an `all` of its own, since processes that share the
 GPU and the host slow each other: a variant is compared with its own wave's `all` only. Each reports its workload
-seconds (measured in the child), wall seconds, the most resident memory its processes held together, its exit and
-the tool's summary line; one past --limit seconds or --memory-limit-mb is ended (tools/sanitizer_process.py, its
-stacks printed into its log first). What leaving a family out saves is what checking it costs, and a family whose
-exclusion alone keeps the memory down is the one that grows it. sanitizer_cost.md and sanitizer_cost.json in DIR
-are rewritten after each wave, so a run cut short keeps the waves it finished.
+seconds (measured in the child), the end of each of its steps (seconds, the child's memory), wall seconds, the most
+resident memory its processes held together, its exit and the tool's summary line; one past --limit seconds or
+--memory-limit-mb is ended (tools/sanitizer_process.py, its stacks printed into its log first). sanitizer_cost.md
+and sanitizer_cost.json in DIR are rewritten after each wave, so a run cut short keeps the waves it finished.
 
 Workloads (the calls of the tests that racecheck could not get through, shortened):
 - decode: a 3-stream engine with its drafter, prompts of 5, 14 and 23 tokens, 4 new tokens of AR, then of DDTree
@@ -72,18 +76,33 @@ def kernel_families(kernels_dir: Path = ROOT / "kernels") -> dict[str, list[str]
     return families
 
 
-def exclude_filter(names: list[str]) -> str:
+def cluster_kernels(kernels_dir: Path = ROOT / "kernels") -> list[str]:
+    """The kernels declared with __cluster_dims__ (each launch runs in thread-block clusters)."""
+    return sorted({m.group(1) for path in kernels_dir.glob("*.cu") for m in KERNEL.finditer(path.read_text())
+                   if "__cluster_dims__" in m.group(0)})
+
+
+def name_filter(names: list[str]) -> str:
     """A --kernel-name(-exclude) regex for these functions: in a mangled name each is `<length><name>` (no kernel's
     name ends another's), in a demangled one `::<name>` then its template or parameter list; `.*` on both sides,
     whether the tool searches or matches the whole name."""
     return "regex=.*(" + "|".join(f"{len(n)}{n}|::{n}[<(]" for n in names) + ").*"
 
 
-def waves(families: dict[str, list[str]], jobs: int) -> list[list[tuple[str, list[str]]]]:
-    """The variants in waves of at most `jobs` (2 or more), each led by an `all`; `none` in the first."""
-    singles = [("none", ["--kernel-name", "kns=no_kernel_has_this_name"])]
-    singles += [(f"without {stem}", ["--kernel-name-exclude", exclude_filter(names)])
-                for stem, names in families.items()]
+def waves(families: dict[str, list[str]], jobs: int, mode: str = "without",
+          always: list[str] = ()) -> list[list[tuple[str, list[str]]]]:
+    """The variants in waves of at most `jobs` (2 or more), each led by an `all`.
+    mode `without`: `none` (in the first wave), then each family left unchecked in turn;
+    mode `only`: `only always` (the kernels `always` names: racecheck fails when a cluster kernel goes unchecked),
+    then each other family checked with them, all else unchecked."""
+    if mode == "without":
+        singles = [("none", ["--kernel-name", "kns=no_kernel_has_this_name"])]
+        singles += [(f"without {stem}", ["--kernel-name-exclude", name_filter(names)])
+                    for stem, names in families.items()]
+    else:
+        singles = [(f"only {'+'.join(always)}", ["--kernel-name", name_filter(list(always))])]
+        singles += [(f"only {stem}", ["--kernel-name", name_filter([*names, *always])])
+                    for stem, names in families.items() if not set(names) <= set(always)]
     per_wave = jobs - 1
     return [[("all", []), *singles[i:i + per_wave]] for i in range(0, len(singles), per_wave)]
 
@@ -165,8 +184,10 @@ def saves(row: Variant, rows: list[Variant]) -> float | None:
 def report(tool: str, workload: str, preset: str, plain_s: float, rows: list[Variant]) -> str:
     lines = [f"# {tool} cost by kernel family: workload `{workload}` on `{preset}`", "",
              f"Plain (no sanitizer): {plain_s:.1f} s. `workload s`: the workload's own seconds (engine creation and "
-             "calls), measured in the child; `saves s`: its wave's `all` minus it.", "",
-             "| variant | wave | workload s | saves s | wall s | peak host MB | exit | ended | summary | steps ended (s, child MB) |",
+             "calls), measured in the child; `saves s`: its wave's `all` minus it (in `only` variants: what leaving "
+             "every other kernel unchecked saves).", "",
+             "| variant | wave | workload s | saves s | wall s | peak host MB | exit | ended | summary "
+             "| steps ended (s, child MB) |",
              "|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
     leaders = [r for r in rows if r["variant"] in ("all", "none")]
     others = sorted((r for r in rows if r["variant"] not in ("all", "none")), key=lambda r: -(saves(r, rows) or 0.0))
@@ -194,7 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tool", choices=sorted(TOOL_OPTIONS), default="racecheck")
     parser.add_argument("--workload", choices=WORKLOADS, required=True)
     parser.add_argument("--preset", default="tiny", help="the random target (and drafter) preset")
-    parser.add_argument("--families", default="", help="comma-separated kernels/*.cu stems (default: every one; `none`: only the `all` and `none` variants)")
+    parser.add_argument("--families", default="",
+                        help="comma-separated kernels/*.cu stems (default: every one; `none`: no family variant)")
+    parser.add_argument("--mode", choices=("without", "only"), default="without",
+                        help="leave each family unchecked in turn, or check only it (and the cluster kernels)")
     parser.add_argument("--jobs", type=int, default=8, help="processes a wave runs at once, its `all` among them")
     parser.add_argument("--limit", type=float, default=300.0, help="seconds a variant may run")
     parser.add_argument("--memory-limit-mb", type=int, default=0, help="resident memory a variant may hold (0: none)")
@@ -232,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the workload failed without a sanitizer; see {args.out / 'plain.log'}", file=sys.stderr)
         return 1
     rows: list[Variant] = []
-    for index, wave in enumerate(waves(families, args.jobs), start=1):
+    for index, wave in enumerate(waves(families, args.jobs, args.mode, cluster_kernels()), start=1):
         with ThreadPoolExecutor(len(wave)) as pool:
             rows += pool.map(lambda v: run_variant(
                 v[0], index, sanitizer_command(args.tool, v[1]) + child,
