@@ -83,3 +83,6 @@ def test_the_only_mode_checks_each_family_with_the_cluster_kernels() -> None:
     assert not pattern.fullmatch("_ZN6ddtree12_GLOBAL__N_115moe_gemm_kernelEv")
     # topk is all in the baseline; sample's other kernel (advance_kernel) makes a variant
     assert "only topk" not in dict(wave) and "only sample" in dict(wave)
+    # no kernel that must stay checked: the baseline checks nothing (an empty name list would match every kernel)
+    [bare, *_] = cost.waves({"gemm": ["gemm_kernel"]}, 4, "only", [])
+    assert bare[1] == ("only none", ["--kernel-name", "kns=no_kernel_has_this_name"])

@@ -22,11 +22,11 @@ resident memory its processes held together, its exit and the tool's summary lin
 and sanitizer_cost.json in DIR are rewritten after each wave, so a run cut short keeps the waves it finished.
 
 Workloads (the calls of the tests that racecheck could not get through, shortened):
-- decode: a 3-stream engine with its drafter, prompts of 5, 14 and 23 tokens, 4 new tokens of AR, then of DDTree
-  (budget 16), greedy (test_bad_requests.py's good requests, which are 24 tokens, greedy and sampled);
-- prefill: a 4-stream engine, prompts of 5, 1, 17 and 70 tokens, 4 new tokens AR greedy, then the 70-token stream's
-  logits and expert choices recomputed as prefill chunks of 64 rows (test_engine.py's teacher-forced check, which
-  decodes 64).
+- decode: a 3-stream engine with its drafter, prompts of 5, 14 and 23 tokens, 4 new tokens of AR twice, then of
+  DDTree (budget 16) twice, greedy (test_bad_requests.py's good requests, which are 24 tokens, greedy and sampled);
+- prefill: a 4-stream engine, prompts of 5, 1, 17 and 70 tokens, 4 new tokens AR greedy twice, then the 70-token
+  stream's logits and expert choices recomputed as prefill chunks of 64 rows (test_engine.py's teacher-forced check,
+  which decodes 64).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypedDict
@@ -90,7 +91,7 @@ def name_filter(names: list[str]) -> str:
 
 
 def waves(families: dict[str, list[str]], jobs: int, mode: str = "without",
-          always: list[str] = ()) -> list[list[tuple[str, list[str]]]]:
+          always: Sequence[str] = ()) -> list[list[tuple[str, list[str]]]]:
     """The variants in waves of at most `jobs` (2 or more), each led by an `all`.
     mode `without`: `none` (in the first wave), then each family left unchecked in turn;
     mode `only`: `only always` (the kernels `always` names: racecheck fails when a cluster kernel goes unchecked),
@@ -100,7 +101,8 @@ def waves(families: dict[str, list[str]], jobs: int, mode: str = "without",
         singles += [(f"without {stem}", ["--kernel-name-exclude", name_filter(names)])
                     for stem, names in families.items()]
     else:
-        singles = [(f"only {'+'.join(always)}", ["--kernel-name", name_filter(list(always))])]
+        baseline = name_filter(list(always)) if always else "kns=no_kernel_has_this_name"
+        singles = [(f"only {'+'.join(always) or 'none'}", ["--kernel-name", baseline])]
         singles += [(f"only {stem}", ["--kernel-name", name_filter([*names, *always])])
                     for stem, names in families.items() if not set(names) <= set(always)]
     per_wave = jobs - 1
