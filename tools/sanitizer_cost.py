@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import json
+import os
 import re
 import signal
 import sys
@@ -44,7 +45,7 @@ from pathlib import Path
 from typing import TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sanitizer_process import TOOL_OPTIONS, end_live_sessions, sanitizer_command, supervise  # noqa: E402
+from sanitizer_process import TOOL_OPTIONS, end_live_sessions, resident_mb, sanitizer_command, supervise  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ("decode", "prefill")
@@ -111,14 +112,6 @@ def waves(families: dict[str, list[str]], jobs: int, mode: str = "without",
 
 # ---- the workload, run in the child process -----------------------------------------------------------------------
 
-def resident_mb() -> int:
-    """This process's resident memory (the child's: the sanitizer's front end is another process)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) // 1024
-    return 0
-
-
 def run_workload(workload: str, model_dir: Path, drafter_dir: Path) -> float:
     """Runs the workload, printing a `stage` line as each step ends (a variant ended at its limit shows how far it
     got and what each step cost), and returns its seconds. Each call runs twice: the first pays what happens once
@@ -130,7 +123,8 @@ def run_workload(workload: str, model_dir: Path, drafter_dir: Path) -> float:
     t0 = time.perf_counter()
 
     def stage(name: str) -> None:
-        print(f"stage {name}: {time.perf_counter() - t0:.1f} s, {resident_mb()} MB", flush=True)
+        # the child's own memory (the sanitizer's front end is another process)
+        print(f"stage {name}: {time.perf_counter() - t0:.1f} s, {resident_mb([os.getpid()])} MB", flush=True)
 
     if workload == "decode":
         engine = ddtree.Engine(model_dir, drafter_dir, streams=3, max_context=96, budget=16)
