@@ -72,6 +72,8 @@ _REASON = _skip_reason()
 #   same forward_logits row counts as every leaf's; every parametrization and the verify launch itself
 #   unchanged); nodes on no such path go unchecked. Its 16 streams' prefixes are 1, 8, .., 99 and 556 tokens instead of
 #   1, 38, .., 556 (the shortest and the longest, past a 512-key attention chunk, kept).
+# - test_replay_time_is_that_of_a_step: the replay still runs, its time is not held to the step's (a sanitizer's
+#   per-launch cost is not the same in a generation and in a replay loop: initcheck's made it 3x).
 # Nothing else changes; the plain run (DDTREE_SANITIZE unset) is as before.
 def sanitizing() -> bool:
     """True in the sanitizer mode (DDTREE_SANITIZE=1); the one place the variable is read."""

